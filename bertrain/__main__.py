@@ -1,0 +1,3 @@
+from bertrain.cli import entry
+
+entry()

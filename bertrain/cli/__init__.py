@@ -1,0 +1,70 @@
+"""Command-line entry point: thin — parse, call a function, map errors to exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _install_early_signal_handlers() -> None:
+    # A SIGTERM during `import torch` would kill the process before the loop installs its handler.
+    if "pretrain" in sys.argv[1:3]:
+        from bertrain.train.signals import install_handlers
+
+        install_handlers()
+
+
+def _command_modules() -> None:
+    import bertrain.cli.config_commands  # noqa: F401
+    import bertrain.cli.data_commands  # noqa: F401
+    import bertrain.cli.model_commands  # noqa: F401
+    import bertrain.cli.train_commands  # noqa: F401
+    import bertrain.cli.demo_commands  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75)."""
+    _install_early_signal_handlers()
+    import os
+
+    import click
+    import typer
+
+    from bertrain.cli.app import app, err_console, state
+    from bertrain.errors import BertrainError, EXIT_ERROR, EXIT_USAGE
+
+    _command_modules()
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("BERTRAIN_DEBUG", "").lower() in ("1", "true", "yes")
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=args, prog_name="bertrain", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as stop:
+        return stop.exit_code
+    except click.exceptions.Abort:
+        err_console.print("Aborted.")
+        return EXIT_ERROR
+    except click.exceptions.ClickException as error:
+        if state.get("debug") or debug:
+            raise
+        error.show(file=sys.stderr)
+        return EXIT_USAGE if isinstance(error, click.exceptions.UsageError) else EXIT_ERROR
+    except BertrainError as error:
+        if state.get("debug") or debug:
+            raise
+        err_console.print(f"[bold red]Error:[/] {error}", highlight=False)
+        return error.exit_code
+    except KeyboardInterrupt:
+        err_console.print("Interrupted.")
+        return 130
+    except Exception as error:  # a bug or an environment problem: still one paragraph, no traceback
+        if state.get("debug") or debug:
+            raise
+        err_console.print(f"[bold red]Error:[/] {type(error).__name__}: {error}\n"
+                          "Run again with --debug (or BERTRAIN_DEBUG=1) for the traceback.", highlight=False)
+        return EXIT_ERROR
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

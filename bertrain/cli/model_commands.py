@@ -1,0 +1,3 @@
+"""CLI commands (model); filled in by the model work."""
+
+from bertrain.cli.app import app  # noqa: F401

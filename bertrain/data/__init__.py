@@ -1,0 +1,1 @@
+"""Data side: corpora, tokenizers, prepared shards, pairs, masking, loaders. Never imports bertrain.model."""

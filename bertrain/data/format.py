@@ -1,0 +1,194 @@
+"""The prepared-corpus format: the contract between `bertrain prepare` and training.
+
+DATA_DIR/
+  manifest.json                      counts, tokenizer facts, settings, fingerprint (see below)
+  tokenizer/                         tokenizer.json + tokenizer_config.json + special_tokens_map.json
+  train/shard-00000.tokens.npy       1-D uint16 (vocab <= 65536) or uint32: all sentences' tokens, concatenated
+  train/shard-00000.sentences.npy    1-D int64, n_sentences + 1 token offsets: sentence i = tokens[s[i]:s[i+1]]
+  train/shard-00000.documents.npy    1-D int64, n_documents + 1 sentence offsets: doc j = sentences d[j]..d[j+1]
+  validation/shard-00000.*.npy       the same for the validation split
+
+Arrays are plain `.npy` files, opened with `np.load(mmap_mode="r")`. A shard is complete only
+when all three files exist; writers create them under temporary names and rename.
+
+manifest.json (the keys training relies on):
+  format_version: 1
+  fingerprint: sha256 hex of everything below except itself
+  tokenizer: {kind: "wordpiece"|"unigram", word_marker: "##"|"▁", vocab_size, sha256,
+              special_tokens: {pad, unk, cls, sep, mask} -> ids, special_token_strings: {...}}
+  token_dtype: "uint16" | "uint32"
+  splits: {train|validation: {shards: [{name, documents, sentences, tokens}], documents, sentences, tokens}}
+  sources, counts, settings: free-form records of what was read and skipped
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertrain.errors import DataError
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "validation")
+SPECIAL_TOKEN_NAMES = ("pad", "unk", "cls", "sep", "mask")
+
+
+def token_dtype_for(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def shard_paths(split_dir: Path, name: str) -> dict[str, Path]:
+    """The three array files of a shard."""
+    return {part: split_dir / f"{name}.{part}.npy" for part in ("tokens", "sentences", "documents")}
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        np.save(handle, array)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_offsets: np.ndarray,
+                document_offsets: np.ndarray) -> dict[str, int]:
+    """Write one shard atomically (documents file last: its presence marks completion)."""
+    split_dir = Path(split_dir)
+    split_dir.mkdir(parents=True, exist_ok=True)
+    sentence_offsets = np.asarray(sentence_offsets, dtype=np.int64)
+    document_offsets = np.asarray(document_offsets, dtype=np.int64)
+    if sentence_offsets[0] != 0 or sentence_offsets[-1] != len(tokens):
+        raise ValueError("sentence offsets must start at 0 and end at len(tokens)")
+    if document_offsets[0] != 0 or document_offsets[-1] != len(sentence_offsets) - 1:
+        raise ValueError("document offsets must start at 0 and end at the number of sentences")
+    paths = shard_paths(split_dir, name)
+    _atomic_save(paths["tokens"], np.asarray(tokens))
+    _atomic_save(paths["sentences"], sentence_offsets)
+    _atomic_save(paths["documents"], document_offsets)
+    return {"name": name, "documents": len(document_offsets) - 1, "sentences": len(sentence_offsets) - 1,
+            "tokens": int(len(tokens))}
+
+
+def fingerprint(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's content without its own fingerprint."""
+    content = {k: v for k, v in manifest.items() if k != "fingerprint"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def write_manifest(data_dir: str | Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Add format version and fingerprint and write manifest.json atomically."""
+    manifest = dict(manifest, format_version=FORMAT_VERSION)
+    manifest["fingerprint"] = fingerprint(manifest)
+    path = Path(data_dir) / "manifest.json"
+    tmp = path.with_name("manifest.json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    os.replace(tmp, path)
+    return manifest
+
+
+@dataclass
+class Shard:
+    """One memory-mapped shard."""
+
+    name: str
+    tokens: np.ndarray             # [n_tokens] uint16/uint32
+    sentence_offsets: np.ndarray   # [n_sentences + 1] int64 into tokens
+    document_offsets: np.ndarray   # [n_documents + 1] int64 into sentences
+
+
+@dataclass
+class Split:
+    """All shards of one split."""
+
+    name: str
+    shards: list[Shard]
+
+    @property
+    def num_documents(self) -> int:
+        return sum(len(s.document_offsets) - 1 for s in self.shards)
+
+    @property
+    def num_sentences(self) -> int:
+        return sum(len(s.sentence_offsets) - 1 for s in self.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.shards)
+
+
+@dataclass
+class PreparedData:
+    """A prepared DATA_DIR opened for reading."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def tokenizer_kind(self) -> str:
+        return self.manifest["tokenizer"]["kind"]
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.manifest["tokenizer"]["special_tokens"].items()}
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / "tokenizer"
+
+    def split(self, name: str) -> Split:
+        """Memory-map every shard of a split listed in the manifest."""
+        entry = self.manifest["splits"].get(name)
+        if entry is None:
+            raise DataError(f"{self.path}: the manifest has no '{name}' split. Run `bertrain prepare` again.")
+        shards = []
+        for record in entry["shards"]:
+            paths = shard_paths(self.path / name, record["name"])
+            try:
+                arrays = {part: np.load(p, mmap_mode="r") for part, p in paths.items()}
+            except (OSError, ValueError) as error:
+                raise DataError(
+                    f"{self.path}: shard {name}/{record['name']} is missing or damaged ({error}). "
+                    f"Run `bertrain prepare` again with the same --out to rebuild it.") from None
+            shards.append(Shard(record["name"], arrays["tokens"], arrays["sentences"], arrays["documents"]))
+        return Split(name, shards)
+
+
+def open_prepared(data_dir: str | Path) -> PreparedData:
+    """Open a DATA_DIR, checking that it is a complete prepared corpus."""
+    path = Path(data_dir)
+    if not str(data_dir):
+        raise DataError("No prepared data given: set data.path in the config or pass --data DATA_DIR.")
+    if not path.is_dir():
+        raise DataError(f"Prepared data directory '{path}' does not exist. Create it with "
+                        f"`bertrain prepare --recipe RECIPE --out {path}`.")
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise DataError(f"'{path}' has no manifest.json: it is not a prepared corpus, or `bertrain prepare` "
+                        f"did not finish. Run `bertrain prepare --out {path}` again; it resumes.")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"{manifest_path} cannot be read ({error}). Run `bertrain prepare` again.") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{manifest_path} has format version {manifest.get('format_version')}, this bertrain "
+                        f"reads version {FORMAT_VERSION}. Prepare the data again with this version.")
+    if manifest.get("fingerprint") != fingerprint(manifest):
+        raise DataError(f"{manifest_path} was modified after it was written (fingerprint mismatch). "
+                        f"Prepare the data again.")
+    return PreparedData(path, manifest)

@@ -1,0 +1,34 @@
+"""Errors users can act on. The CLI turns each into a one-paragraph message and an exit code."""
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_REQUEUE = 75
+
+
+class BertrainError(Exception):
+    """An error with a message meant for the user; no traceback is shown unless --debug."""
+
+    exit_code = EXIT_ERROR
+
+
+class ConfigError(BertrainError):
+    """Bad config file, unknown key, wrong type or bad override: exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(BertrainError):
+    """Bad command-line usage: exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class DataError(BertrainError):
+    """Bad or missing input data (a file, line or record is named in the message)."""
+
+
+class Interrupted(BertrainError):
+    """Stopped by a signal after a checkpoint was written: exit 75 so a job script can requeue."""
+
+    exit_code = EXIT_REQUEUE
