@@ -512,9 +512,9 @@ def config_reference_markdown() -> str:
     lines = ["# Configuration reference", "",
              "Generated from `bertrain/config.py` by `bertrain config reference`; do not edit by hand.",
              "Any key can be overridden on the command line: `--set section.key=value`.", ""]
-    for title, cls, extra in (("Training config (`bertrain pretrain --config`)", Config, ()),
-                              ("Data recipe (`bertrain prepare --recipe`)", Recipe, ()),
-                              ("Each entry of `prepare.sources`", SourceConfig, extra)):
+    for title, cls in (("Training config (`bertrain pretrain --config`)", Config),
+                       ("Data recipe (`bertrain prepare --recipe`)", Recipe),
+                       ("Each entry of `prepare.sources`", SourceConfig)):
         lines += [f"## {title}", ""]
         section = None
         for dotted, tp, default, help_text in iter_docs(cls):
@@ -527,7 +527,7 @@ def config_reference_markdown() -> str:
                 lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
             shown = "null" if default is None else yaml.safe_dump(default, default_flow_style=True).strip()
             shown = shown.removesuffix("\n...").strip()
-            lines.append(f"| `{dotted}` | `{tp}` | `{shown}` | {help_text.replace('|', '/')} |")
+            lines.append(f"| `{dotted}` | `{tp.replace(' | ', ' or ')}` | `{shown}` | {help_text.replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -26,8 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     _install_early_signal_handlers()
     import os
 
-    import click
     import typer
+
+    try:  # typer >= 0.2x vendors its own click
+        from typer._click import exceptions as click_exceptions
+    except ImportError:  # pragma: no cover - older typer uses click itself
+        from click import exceptions as click_exceptions
 
     from bertrain.cli.app import app, err_console, state
     from bertrain.errors import BertrainError, EXIT_ERROR, EXIT_USAGE
@@ -39,16 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         command.main(args=args, prog_name="bertrain", standalone_mode=False)
         return 0
-    except click.exceptions.Exit as stop:
+    except typer.Exit as stop:
         return stop.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("Aborted.")
         return EXIT_ERROR
-    except click.exceptions.ClickException as error:
+    except click_exceptions.ClickException as error:
         if state.get("debug") or debug:
             raise
         error.show(file=sys.stderr)
-        return EXIT_USAGE if isinstance(error, click.exceptions.UsageError) else EXIT_ERROR
+        return EXIT_USAGE if isinstance(error, click_exceptions.UsageError) else EXIT_ERROR
     except BertrainError as error:
         if state.get("debug") or debug:
             raise

@@ -36,7 +36,7 @@ def show(
         loader = load_recipe
     resolved = loader(path, overrides or [])
     if not explain:
-        console.print(dump_yaml(resolved), end="", markup=False, highlight=False)
+        typer.echo(dump_yaml(resolved), nl=False)
         return
     table = Table(title=f"{path}", show_lines=False)
     table.add_column("key", style="cyan", no_wrap=True)
@@ -60,4 +60,4 @@ def reference(out: Optional[Path] = typer.Option(None, "--out", help="Write to t
         out.write_text(text)
         console.print(f"Wrote {out}")
     else:
-        console.print(text, markup=False, highlight=False)
+        typer.echo(text)
