@@ -1,0 +1,24 @@
+"""A non-editable install must carry the shipped configs and recipes (found by bare name)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_configs_and_recipes(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = tmp_path.glob("bertrain-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"bertrain/configs/{p.name}" for p in (ROOT / "bertrain" / "configs").glob("*.yaml")}
+    shipped |= {f"bertrain/data_recipes/{p.name}" for p in (ROOT / "bertrain" / "data_recipes").glob("*.yaml")}
+    assert "bertrain/configs/albert_base.yaml" in shipped
+    assert shipped <= names, f"missing from the wheel: {sorted(shipped - names)}"
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "bertrain = bertrain.cli:entry" in zipfile.ZipFile(wheel).read(entry_points).decode()
