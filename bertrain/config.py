@@ -82,8 +82,10 @@ class ModelConfig:
         "gelu", "Activation: `gelu` (exact erf, BERT) or `gelu_new` (tanh approximation, ALBERT).")
     hidden_dropout_prob: float = opt(0.1, "Dropout on embeddings and sublayer outputs.")
     attention_probs_dropout_prob: float = opt(
-        0.1, "Dropout on attention probabilities. 0 lets scaled_dot_product_attention use its fast kernel "
-        "(about 2x faster attention on CPU); ALBERT v2 uses 0.")
+        0.1, "Dropout on attention probabilities (BERT: 0.1). 0 lets scaled_dot_product_attention use its fused "
+        "(flash) kernel: 2-5x faster attention (forward + backward, measured on CPU) and no [B, heads, T, T] "
+        "probabilities kept for backward; "
+        "ALBERT v2 uses 0; the BERT paper and bert_base.yaml use 0.1.")
     max_position_embeddings: int = opt(512, "Learned absolute positions; must be >= data.max_seq_length.")
     type_vocab_size: int = opt(2, "Token type (segment) vocabulary.")
     initializer_range: float = opt(0.02, "Std of the normal initialization of weights.")
@@ -92,7 +94,9 @@ class ModelConfig:
     num_hidden_groups: int = opt(1, "ALBERT: number of groups of shared layer parameters.")
     inner_group_num: int = opt(1, "ALBERT: layers inside each shared group.")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
-    init_from: Optional[str] = opt(None, "Start from a local transformers BERT/ALBERT directory (continued pretraining).")
+    init_from: Optional[str] = opt(
+        None, "Start from existing weights: a local transformers BERT/ALBERT directory (continued pretraining) "
+        "or a bertrain checkpoint dir / RUN_DIR (e.g. BERT phase 2 from phase 1). Shapes must match this section.")
 
 
 @dataclass
@@ -130,6 +134,9 @@ class TrainConfig:
     requeue_exit_code: int = opt(75, "Exit code after a signal-triggered checkpoint, for job scripts to requeue.")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (exact resume tests use it).")
     compile: bool = opt(False, "torch.compile the model (slow start, faster steps on GPU).")
+    stop_at_step: Optional[int] = opt(
+        None, "Save and stop (exit 0) after this step without changing the schedule: splits a run into jobs; "
+        "resume with the same config.")
 
 
 @dataclass
@@ -193,6 +200,9 @@ class PrepareConfig:
         "error", "JSON record without a string text field: stop naming file and line, or skip and count it.")
     max_line_chars: int = opt(1_000_000, "Longer lines are split into pieces of at most this many characters (counted).")
     min_sentence_chars: int = opt(1, "Sentences shorter than this are dropped (counted).")
+    max_document_chars: int = opt(
+        10_000_000, "Plain-text files (one document per file) longer than this are cut into several "
+        "documents at paragraph boundaries (counted), which keeps memory bounded.")
 
 
 @dataclass
@@ -284,7 +294,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise bad()
     if origin is Literal:
         choices = typing.get_args(tp)
-        if value in choices:
+        if isinstance(value, bool):  # YAML 1.1 reads `no`/`off` as False: map back to the spelled choice
+            spelled = [c for c in (("no", "off", "false") if not value else ("yes", "on", "true")) if c in choices]
+            if spelled:
+                return spelled[0]
+        if value in choices and not isinstance(value, bool):
             return value
         close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""

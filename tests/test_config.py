@@ -158,3 +158,12 @@ def test_debug_flag_shows_the_traceback(tmp_path):
                            capture_output=True, text=True, env=env)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+
+
+def test_yaml_no_and_off_mean_the_spelled_choices(tmp_path):
+    # YAML 1.1 reads bare `no` / `off` as False; Literal fields with such a choice take it back.
+    config = load_config(write(tmp_path, "train:\n  mixed_precision: no\nlogging:\n  wandb: off\n"))
+    assert config.train.mixed_precision == "no" and config.logging.wandb == "off"
+    assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="'data.objective'"):
+        load_config(None, ["data.objective=no"])

@@ -34,15 +34,15 @@ def main(argv: list[str] | None = None) -> int:
         from click import exceptions as click_exceptions
 
     from bertrain.cli.app import app, err_console, state
-    from bertrain.errors import BertrainError, EXIT_ERROR, EXIT_USAGE
+    from bertrain.errors import EXIT_ERROR, EXIT_USAGE, BertrainError, ConfigError, DataError, UsageError
 
     _command_modules()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("BERTRAIN_DEBUG", "").lower() in ("1", "true", "yes")
     command = typer.main.get_command(app)
     try:
-        command.main(args=args, prog_name="bertrain", standalone_mode=False)
-        return 0
+        # With standalone_mode=False a `typer.Exit(code)` comes back as the return value.
+        return command.main(args=args, prog_name="bertrain", standalone_mode=False) or 0
     except typer.Exit as stop:
         return stop.exit_code
     except typer.Abort:
@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     except BertrainError as error:
         if state.get("debug") or debug:
             raise
-        err_console.print(f"[bold red]Error:[/] {error}", highlight=False)
+        # Config and data errors are the same on every rank of a multi-process run: say them once.
+        if os.environ.get("RANK", "0") == "0" or not isinstance(error, (ConfigError, DataError, UsageError)):
+            err_console.print("[bold red]Error:[/] ", end="")
+            err_console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
     except KeyboardInterrupt:
         err_console.print("Interrupted.")
@@ -64,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # a bug or an environment problem: still one paragraph, no traceback
         if state.get("debug") or debug:
             raise
-        err_console.print(f"[bold red]Error:[/] {type(error).__name__}: {error}\n"
-                          "Run again with --debug (or BERTRAIN_DEBUG=1) for the traceback.", highlight=False)
+        err_console.print("[bold red]Error:[/] ", end="")
+        err_console.print(f"{type(error).__name__}: {error}\n"
+                          "Run again with --debug (or BERTRAIN_DEBUG=1) for the traceback.", markup=False, highlight=False,
+                          soft_wrap=True)
         return EXIT_ERROR
 
 

@@ -1,3 +1,121 @@
-"""CLI commands (data); filled in by the data work."""
+"""`bertrain prepare`, `bertrain tokenizer train` and `bertrain inspect`."""
 
-from bertrain.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from bertrain.cli.app import SetOption, app, console
+
+tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+
+RecipeOption = typer.Option(None, "--recipe", "-r", help="Data recipe YAML, or a shipped recipe name (pydoc).")
+SourceOption = typer.Option(None, "--source", help="Input file, directory or glob; replaces the recipe's "
+                            "sources (repeatable).")
+KindOption = typer.Option(None, "--tokenizer-kind", "--kind", help="wordpiece (BERT) or unigram (ALBERT).")
+VocabOption = typer.Option(None, "--vocab-size", help="Tokenizer vocabulary size (tokenizer.vocab_size).")
+
+
+def _overrides(sets: Optional[list[str]], sources: Optional[list[str]], **keys: object) -> list[str]:
+    """Turn flags into `section.key=value` overrides (flags win over the recipe, --set wins over flags)."""
+    import json
+
+    overrides = []
+    if sources:
+        overrides.append("prepare.sources=" + json.dumps([{"path": s} for s in sources]))
+    for dotted, value in keys.items():
+        if value is not None:
+            overrides.append(f"{dotted.replace('__', '.')}={json.dumps(value)}")
+    return overrides + list(sets or [])
+
+
+@app.command("prepare")
+def prepare(
+    out: Path = typer.Option(..., "--out", "-o", help="DATA_DIR to write (resumes when it exists)."),
+    recipe: Optional[str] = RecipeOption,
+    source: Optional[list[str]] = SourceOption,
+    tokenizer_kind: Optional[str] = KindOption,
+    vocab_size: Optional[int] = VocabOption,
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Use this existing tokenizer "
+                                            "(directory or tokenizer.json) instead of training one."),
+    num_shards: Optional[int] = typer.Option(None, "--num-shards", help="Output shards (prepare.num_shards)."),
+    shard_index: Optional[int] = typer.Option(None, "--shard-index", help="Job-array task: tokenize only "
+                                              "shard i of --num-shards (the last task writes the manifest)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Parallel worker processes."),
+    validation_fraction: Optional[float] = typer.Option(None, "--validation-fraction",
+                                                        help="Fraction of documents for validation."),
+    overrides: Optional[list[str]] = SetOption,
+) -> None:
+    """Read raw corpora, train a tokenizer and write a tokenized, memory-mapped DATA_DIR.
+
+    Re-running on a finished DATA_DIR does nothing; after an interruption it resumes with the
+    shards already written; changed sources or settings rebuild what they affect.
+
+    Example: bertrain prepare --recipe pydoc --source corpus/ --out data/pydoc --vocab-size 8000
+    """
+    from bertrain.config import load_recipe
+    from bertrain.data.prepare import prepare_corpus
+
+    loaded = load_recipe(recipe, _overrides(
+        overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size,
+        prepare__num_shards=num_shards, prepare__workers=workers,
+        prepare__validation_fraction=validation_fraction))
+    result = prepare_corpus(loaded, out, shard_index=shard_index, tokenizer_path=tokenizer, console=console)
+    if result.get("complete", True):
+        console.print(f"Done: {out} (fingerprint {result['fingerprint'][:12]}). "
+                      f"Next: bertrain pretrain --config tiny_bert --data {out}")
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for tokenizer.json and the wrapper files."),
+    recipe: Optional[str] = RecipeOption,
+    source: Optional[list[str]] = SourceOption,
+    kind: Optional[str] = typer.Option(None, "--kind", "--tokenizer-kind", help="wordpiece or unigram."),
+    vocab_size: Optional[int] = VocabOption,
+    overrides: Optional[list[str]] = SetOption,
+) -> None:
+    """Train a tokenizer on the recipe's sources (documents cleaned and split as `prepare` does).
+
+    Validation documents (by hash, prepare.validation_fraction) are held out and used to report the
+    unknown-token rate and tokens per word.
+
+    Example: bertrain tokenizer train --source corpus/ --kind unigram --vocab-size 8000 --out tok/
+    """
+    from rich.table import Table
+
+    from bertrain.config import load_recipe
+    from bertrain.data.prepare import train_tokenizer_from_recipe
+
+    loaded = load_recipe(recipe, _overrides(overrides, source, tokenizer__kind=kind,
+                                            tokenizer__vocab_size=vocab_size))
+    stats = train_tokenizer_from_recipe(loaded, out, console=console)
+    table = Table(title=f"Tokenizer {out}", show_header=False)
+    for key, value in stats.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+@app.command("inspect")
+def inspect(
+    data_dir: Path = typer.Argument(..., help="A prepared DATA_DIR."),
+    pairs: bool = typer.Option(False, "--pairs", help="Show training pairs and masked batches instead."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="Training config for --pairs."),
+    batches: int = typer.Option(1, "--batches", help="Batches to show with --pairs."),
+    documents: int = typer.Option(3, "--documents", help="Documents to decode in the summary."),
+) -> None:
+    """Summarize a prepared DATA_DIR: manifest, length histograms, a few decoded documents.
+
+    Example: bertrain inspect data/pydoc --pairs --config tiny_bert --batches 2
+    """
+    if pairs:
+        from bertrain.data.inspect_pairs import show_pairs
+
+        show_pairs(data_dir, config, batches, console)
+        return
+    from bertrain.data.inspect import show_data_summary
+
+    show_data_summary(data_dir, console, num_documents=documents)

@@ -37,6 +37,8 @@ SlurmctldHost=$HOST
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job waits cred_expire seconds before it restarts (default 120); keep tests short.
+AuthInfo=cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -70,9 +72,12 @@ fi
 if [ "$changed" = 1 ]; then
   # A new config: restart daemons we may have started before (by pid file, never by name).
   for pidfile in /run/slurmd.pid /run/slurmctld.pid; do
-    if [ -s "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
+    if [ -s "$pidfile" ]; then
+      pid=$(cat "$pidfile")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    fi
   done
-  sleep 1
 fi
 if ! scontrol ping 2>/dev/null | grep -q UP; then
   slurmctld -c 2>/dev/null || slurmctld

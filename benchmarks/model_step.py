@@ -1,0 +1,170 @@
+"""Time one full training step (forward, backward, AdamW) of bertrain's model against transformers'
+BertForPreTraining / AlbertForPreTraining in the same process: same weights, same batch, same
+precision, same dropout settings, runs alternated, medians reported. Not part of the test suite.
+
+    python benchmarks/model_step.py                 # all shapes, fp32, plus bf16 at bert-base
+    python benchmarks/model_step.py --shapes tiny,small --rounds 5
+
+Useful MFU counts the FLOPs of the work that matters (encoder, pooler, MLM head at the masked
+positions only, last layer's query/output/feed-forward at masked + [CLS] rows; training = 3 × forward) over the speed of a 2048² GEMM timed among the same
+alternated rounds (so both see the same machine load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+SHAPES = {  # name: (type, hidden, layers, heads, intermediate, embedding, batch)
+    "tiny": ("bert", 128, 2, 2, 512, None, 32),
+    "small": ("bert", 256, 4, 4, 1024, None, 16),
+    "bert-base": ("bert", 768, 12, 12, 3072, None, 8),
+    "albert-base": ("albert", 768, 12, 12, 3072, 128, 8),
+}
+SEQ, MASKED = 128, 0.15
+
+
+def model_config(name: str, hidden_dropout: float, attention_dropout: float):
+    from bertrain.config import ModelConfig
+
+    kind, H, L, heads, inter, E, _ = SHAPES[name]
+    return ModelConfig(type=kind, vocab_size=30000 if kind == "albert" else 30522, hidden_size=H,
+                       num_hidden_layers=L, num_attention_heads=heads, intermediate_size=inter, embedding_size=E,
+                       hidden_act="gelu_new" if kind == "albert" else "gelu", hidden_dropout_prob=hidden_dropout,
+                       attention_probs_dropout_prob=attention_dropout, max_position_embeddings=512)
+
+
+def reference_model(ours, config):
+    """transformers' model with our weights, with its fastest CPU attention (sdpa)."""
+    import transformers
+
+    from bertrain.model.hf import hf_config, to_hf_state_dict
+
+    values = hf_config(config)
+    cls = transformers.AlbertConfig if config.type == "albert" else transformers.BertConfig
+    hf_cfg = cls(**{k: v for k, v in values.items() if k not in ("architectures", "model_type", "dtype")})
+    model_cls = transformers.AlbertForPreTraining if config.type == "albert" else transformers.BertForPreTraining
+    model = model_cls._from_config(hf_cfg, attn_implementation="sdpa")
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(ours), strict=False)
+    assert not unexpected and all("decoder" in k for k in missing), (missing, unexpected)
+    return model
+
+
+def make_batch(config, batch: int, generator: torch.Generator) -> dict:
+    ids = torch.randint(5, config.vocab_size, (batch, SEQ), generator=generator)
+    picked = torch.rand(batch, SEQ, generator=generator) < MASKED
+    picked[:, 0] = False
+    labels = torch.where(picked, ids, torch.full_like(ids, -100))
+    ids = torch.where(picked, torch.full_like(ids, 4), ids)
+    token_types = (torch.arange(SEQ) >= SEQ // 2).long().expand(batch, SEQ).contiguous()
+    return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=token_types, labels=labels,
+                sentence_label=torch.randint(0, 2, (batch,), generator=generator))
+
+
+def step_fn(model, batch: dict, reference: bool, kind: str, bf16: bool):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    args = dict(batch)
+    if reference:
+        args[("sentence_order_label" if kind == "albert" else "next_sentence_label")] = args.pop("sentence_label")
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**args).loss
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    return step
+
+
+def gemm(dtype: torch.dtype, n: int = 2048):
+    """A square n×n GEMM and its FLOPs: timed among the steps, so the peak sees the same machine load."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return (lambda: a @ b), 2 * n**3
+
+
+def useful_flops(config, batch: int, n_masked: int) -> float:
+    """Training FLOPs of the work that matters: 3 × forward, with the MLM head at the masked
+    positions only and the last layer's query/output/feed-forward only at masked + [CLS] rows."""
+    H, I, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    E = config.embedding_size or H
+    applications = L * (config.inner_group_num if config.type == "albert" else 1)
+    tokens, needed = batch * SEQ, n_masked + batch
+    layer = 2 * (4 * H * H + 2 * H * I) + 2 * 2 * SEQ * H  # per token: projections, feed-forward, attention
+    last = tokens * 2 * (2 * H * H) + needed * (2 * (2 * H * H + 2 * H * I) + 2 * 2 * SEQ * H)
+    flops = tokens * layer * (applications - 1) + last
+    if config.type == "albert":
+        flops += tokens * 2 * E * H
+    flops += n_masked * 2 * (H * E + E * config.vocab_size) + batch * 2 * (H * H + 2 * H)
+    return 3 * flops
+
+
+def time_alternating(steps_by_name: dict, rounds: int, steps: int) -> dict[str, float]:
+    """Median seconds per step of each function, runs alternated (order reversed every round)."""
+    times: dict[str, list[float]] = {name: [] for name in steps_by_name}
+    for fn in steps_by_name.values():  # warm up
+        fn()
+    order = list(steps_by_name.items())
+    for r in range(rounds):
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hidden-dropout", type=float, default=0.1)
+    parser.add_argument("--attention-dropout", type=float, default=0.0)
+    parser.add_argument("--no-bf16", action="store_true", help="Skip the bf16 autocast run at bert-base.")
+    args = parser.parse_args()
+
+    import transformers
+
+    from bertrain.model import build_model
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    (gemm32, flops32), (gemm16, flops16) = gemm(torch.float32), gemm(torch.bfloat16)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
+    print(f"seq {SEQ}, {MASKED:.0%} masked, hidden dropout {args.hidden_dropout}, attention dropout "
+          f"{args.attention_dropout} (ALBERT shapes: 0 / 0), AdamW(fused=True), medians of {args.rounds} alternated rounds")
+    header = (f"{'shape':<12} {'prec':<5} {'batch':>5} {'ours ms':>9} {'hf ms':>9} {'speed-up':>8} {'useful MFU':>10} "
+              f"{'GEMM peak':>10}")
+    print(header)
+    for name in args.shapes.split(","):
+        kind, _, _, _, _, _, batch_size = SHAPES[name]
+        hidden_p, attention_p = (0.0, 0.0) if kind == "albert" else (args.hidden_dropout, args.attention_dropout)
+        config = model_config(name, hidden_p, attention_p)
+        ours = build_model(config).train()
+        theirs = reference_model(ours, config).train()
+        batch = make_batch(config, batch_size, torch.Generator().manual_seed(0))
+        precisions = [False, True] if name == "bert-base" and not args.no_bf16 else [False]
+        steps_by_name = {}
+        for bf16 in precisions:
+            steps_by_name[("ours", bf16)] = step_fn(ours, batch, False, kind, bf16)
+            steps_by_name[("hf", bf16)] = step_fn(theirs, batch, True, kind, bf16)
+        steps_by_name["gemm", False], steps_by_name["gemm", True] = gemm32, gemm16
+        medians = time_alternating(steps_by_name, args.rounds, 2 if SHAPES[name][1] >= 768 else 8)
+        n_masked = int((batch["labels"] != -100).sum())
+        for bf16 in precisions:
+            t_ours, t_theirs = medians[("ours", bf16)], medians[("hf", bf16)]
+            peak = (flops16 if bf16 else flops32) / medians["gemm", bf16]
+            mfu = useful_flops(config, batch_size, n_masked) / t_ours / peak
+            print(f"{name:<12} {'bf16' if bf16 else 'fp32':<5} {batch_size:>5} {t_ours * 1e3:>9.1f} "
+                  f"{t_theirs * 1e3:>9.1f} {t_theirs / t_ours:>7.2f}x {mfu:>9.0%} {peak / 1e9:>6.0f} GF/s", flush=True)
+        if len(precisions) == 2:
+            print(f"{'':<12} ours bf16 vs ours fp32: {medians[('ours', False)] / medians[('ours', True)]:.2f}x")
+        del ours, theirs, steps_by_name
+
+
+if __name__ == "__main__":
+    main()

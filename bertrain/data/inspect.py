@@ -1,0 +1,108 @@
+"""`bertrain inspect DATA_DIR`: the manifest summary, length histograms and a few decoded documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertrain.data.format import Split, open_prepared
+
+
+def sentence_lengths(split: Split) -> np.ndarray:
+    """Tokens per sentence over all shards of a split."""
+    parts = [np.diff(np.asarray(shard.sentence_offsets)) for shard in split.shards]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def document_lengths(split: Split) -> np.ndarray:
+    """Tokens per document over all shards of a split."""
+    parts = []
+    for shard in split.shards:
+        starts = np.asarray(shard.sentence_offsets)[np.asarray(shard.document_offsets)]
+        parts.append(np.diff(starts))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def histogram_rows(lengths: np.ndarray, width: int = 40) -> list[tuple[str, int, str]]:
+    """(bin label, count, bar) rows over power-of-two bins of lengths."""
+    if lengths.size == 0:
+        return []
+    top = int(lengths.max())
+    edges = [0, 1]
+    while edges[-1] <= top:
+        edges.append(edges[-1] * 2)
+    counts, _ = np.histogram(lengths, bins=edges)
+    rows = []
+    peak = max(int(counts.max()), 1)
+    first = int(np.flatnonzero(counts)[0])  # leading empty bins say nothing
+    for low, high, count in list(zip(edges[:-1], edges[1:], counts))[first:]:
+        label = f"{low}" if high - low == 1 else f"{low}-{high - 1}"
+        rows.append((label, int(count), "█" * int(round(width * count / peak))))
+    return rows
+
+
+def show_data_summary(data_dir: str | Path, console: Any, num_documents: int = 3) -> None:
+    """Print the manifest summary, sentence/document length histograms and decoded documents."""
+    from rich.table import Table
+
+    prepared = open_prepared(data_dir)
+    manifest = prepared.manifest
+    tokenizer = manifest["tokenizer"]
+    summary = Table(title=f"{prepared.path}", show_header=False)
+    summary.add_column("key", style="cyan")
+    summary.add_column("value")
+    summary.add_row("fingerprint", prepared.fingerprint)
+    summary.add_row("tokenizer", f"{tokenizer['kind']} (word marker {tokenizer['word_marker']!r}), "
+                                 f"{tokenizer['vocab_size']:,} tokens, sha256 {tokenizer['sha256'][:12]}")
+    summary.add_row("special tokens", ", ".join(f"{k}={v}" for k, v in tokenizer["special_tokens"].items()))
+    stats = tokenizer.get("stats", {})
+    if stats:
+        summary.add_row("unknown-token rate", f"{stats.get('unk_rate', 0):.4%} ({stats.get('measured_on')})")
+        summary.add_row("tokens per word", f"{stats.get('tokens_per_word', 0):.3f}")
+    summary.add_row("token dtype", manifest["token_dtype"])
+    for name, split in manifest["splits"].items():
+        summary.add_row(name, f"{split['documents']:,} documents, {split['sentences']:,} sentences, "
+                              f"{split['tokens']:,} tokens in {len(split['shards'])} shard(s)")
+    sources = manifest.get("sources", [])
+    summary.add_row("sources", f"{len(sources)} input(s), {sum(s.get('bytes', 0) for s in sources) / 1e6:,.1f} MB")
+    for key, value in manifest.get("counts", {}).items():
+        summary.add_row(f"count: {key}", f"{value:,}")
+    console.print(summary)
+
+    train = prepared.split("train")
+    for title, lengths in (("sentence length (tokens)", sentence_lengths(train)),
+                           ("document length (tokens)", document_lengths(train))):
+        if lengths.size == 0:
+            continue
+        table = Table(title=f"train {title}: mean {lengths.mean():.1f}, median {np.median(lengths):.0f}, "
+                            f"max {lengths.max()}")
+        table.add_column("tokens", justify="right")
+        table.add_column("count", justify="right")
+        table.add_column("")
+        for label, count, bar in histogram_rows(lengths):
+            table.add_row(label, f"{count:,}", bar)
+        console.print(table)
+
+    if num_documents <= 0:
+        return
+    from bertrain.data.tokenizer import load_tokenizer
+
+    tokenizer_object = load_tokenizer(prepared.tokenizer_dir)
+    shown = 0
+    for shard in train.shards:
+        documents = np.asarray(shard.document_offsets)
+        sentences = np.asarray(shard.sentence_offsets)
+        for index in range(len(documents) - 1):
+            if shown >= num_documents:
+                return
+            first, last = int(documents[index]), int(documents[index + 1])
+            console.rule(f"{shard.name} document {index}: {last - first} sentences, "
+                         f"{int(sentences[last] - sentences[first])} tokens")
+            for sentence in range(first, min(last, first + 8)):
+                ids = np.asarray(shard.tokens[sentences[sentence]:sentences[sentence + 1]]).tolist()
+                console.print(f"  {tokenizer_object.decode(ids)}", markup=False, highlight=False)
+            if last - first > 8:
+                console.print(f"  ... {last - first - 8} more sentences")
+            shown += 1

@@ -1,0 +1,155 @@
+"""`bertrain inspect DATA_DIR --pairs`: decoded sample instances and realized batch statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertrain.errors import DataError
+
+SAMPLES = 3
+
+
+def _split_config(config: Any) -> tuple[Any, int, int]:
+    """(DataConfig, seed, micro-batch size) from a config file or shipped name, a Config, a DataConfig,
+    or None (the defaults)."""
+    if config is None or isinstance(config, (str, Path)):
+        from bertrain.config import load_config
+
+        config = load_config(config)
+    if hasattr(config, "data"):
+        micro = config.train.batch_size // max(config.train.gradient_accumulation_steps, 1)
+        return config.data, config.train.seed, micro
+    return config, 0, 32
+
+
+def _label_name(objective: str, label: int) -> str:
+    if objective == "nsp":
+        return "positive: B follows A" if label == 0 else "negative: B from another document"
+    return "positive: A before B" if label == 0 else "negative: A and B swapped"
+
+
+def _decoded(tokens: list[str], ids, original, labels, attention):
+    """A rich Text of one instance: [MASK]ed, randomized and kept-but-predicted tokens marked."""
+    from rich.text import Text
+
+    text = Text()
+    for position in range(int(attention.sum())):
+        token = tokens[int(ids[position])] if int(ids[position]) < len(tokens) else f"<{int(ids[position])}>"
+        if labels[position] == -100:
+            text.append(token, style="bold" if token in ("[CLS]", "[SEP]") else "")
+        elif ids[position] != original[position]:
+            was = tokens[int(original[position])]
+            text.append(f"{token}({was})", style="bold red" if token == "[MASK]" else "bold yellow")
+        else:
+            text.append(token, style="bold green underline")
+        text.append(" ")
+    return text
+
+
+def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
+    """Print decoded instances of the first batch and statistics over `num_batches`; return the statistics.
+
+    `config` is a training config (path or shipped name, a Config, or None for the defaults); its
+    data section, train.seed and micro-batch size (batch_size / gradient_accumulation_steps) are used.
+    """
+    from rich.markup import escape
+    from rich.table import Table
+
+    from bertrain.data.format import open_prepared
+    from bertrain.data.loader import build_train_loader, epoch_plan
+
+    data_config, seed, micro_batch_size = _split_config(config)
+    data_config = dataclasses.replace(data_config, path=str(data_dir), num_workers=0)
+    prepared = open_prepared(data_dir)
+    started = time.perf_counter()
+    plan = epoch_plan(prepared, data_config, seed=seed, epoch=0)
+    plan_seconds = time.perf_counter() - started
+    if len(plan) == 0:
+        raise DataError(f"{data_dir}: the train split gives no instances at max_seq_length "
+                        f"{data_config.max_seq_length}.")
+    micro_batch_size = max(1, min(micro_batch_size, len(plan)))
+    loader = build_train_loader(prepared, data_config, seed=seed, epoch=0, micro_batch_size=micro_batch_size,
+                                rank=0, world_size=1)
+    dataset = loader.dataset
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(prepared.tokenizer_dir / "tokenizer.json"))
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+    except Exception:  # still useful without a readable tokenizer: show ids
+        vocab = {}
+    tokens = [f"<{i}>" for i in range(prepared.vocab_size)]
+    for token, token_id in vocab.items():
+        if token_id < len(tokens):
+            tokens[token_id] = token
+
+    counts = dict(instances=0, positives=0, eligible=0, chosen=0, masked=0, randomized=0, tokens=0, cells=0)
+    lengths = []
+    mask_id = prepared.special_tokens["mask"]
+    pairs = data_config.objective != "none"
+    for micro_batch in range(min(num_batches, len(dataset))):
+        assembled = dataset.assemble(dataset.positions(micro_batch))
+        batch = dataset.collator(assembled)
+        ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
+        chosen = labels != -100
+        if micro_batch == 0:
+            console.rule(f"Sample instances ({data_config.objective}, {data_config.masking} masking)")
+            for row in range(min(SAMPLES, len(ids))):
+                label = int(batch["sentence_label"][row]) if pairs else None
+                console.print(f"instance {row}" + (f" — {_label_name(data_config.objective, label)}" if pairs else ""),
+                              style="cyan")
+                console.print(_decoded(tokens, ids[row], assembled.input_ids[row], labels[row],
+                                       assembled.attention_mask[row]))
+            console.print("legend: [MASK](original) red, random(original) yellow, predicted unchanged green",
+                          style="dim", highlight=False, markup=False)
+        counts["instances"] += len(ids)
+        counts["positives"] += int((batch["sentence_label"] == 0).sum()) if pairs else 0
+        counts["eligible"] += int((~assembled.special).sum())
+        counts["chosen"] += int(chosen.sum())
+        counts["masked"] += int((chosen & (ids == mask_id)).sum())
+        counts["randomized"] += int((chosen & (ids != mask_id) & (ids != assembled.input_ids)).sum())
+        counts["tokens"] += int(assembled.attention_mask.sum())
+        counts["cells"] += ids.size
+        lengths.append(assembled.attention_mask.sum(axis=1))
+    length = np.concatenate(lengths)
+    chosen = max(counts["chosen"], 1)
+    stats = {
+        "instances_per_epoch": float(len(plan)),
+        "plan_seconds": plan_seconds,
+        "batches": float(len(lengths)),
+        "instances": float(counts["instances"]),
+        "positive_fraction": counts["positives"] / counts["instances"] if pairs else float("nan"),
+        "masked_fraction_of_eligible": counts["chosen"] / max(counts["eligible"], 1),
+        "mask_share": counts["masked"] / chosen,
+        "random_share": counts["randomized"] / chosen,
+        "unchanged_share": (counts["chosen"] - counts["masked"] - counts["randomized"]) / chosen,
+        "tokens_per_instance": float(length.mean()),
+        "tokens_per_instance_min": float(length.min()),
+        "tokens_per_instance_max": float(length.max()),
+        "padding_fraction": 1 - counts["tokens"] / max(counts["cells"], 1),
+    }
+    table = Table(title=f"Realized statistics over {len(lengths)} batch(es) of {micro_batch_size}")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    table.add_column("configured", justify="right")
+    table.add_row("instances per epoch (plan built in)", f"{len(plan):,} ({plan_seconds:.2f} s)", "")
+    if pairs:
+        table.add_row(f"{data_config.objective.upper()} positive fraction", f"{stats['positive_fraction']:.3f}",
+                      "0.500")
+    table.add_row("masked fraction of eligible tokens", f"{stats['masked_fraction_of_eligible']:.3f}",
+                  f"{data_config.mlm_probability:.3f}")
+    keep = 1 - data_config.mask_prob - data_config.random_prob
+    table.add_row(escape("[MASK] / random / unchanged"), "{:.2f} / {:.2f} / {:.2f}".format(
+        stats["mask_share"], stats["random_share"], stats["unchanged_share"]),
+        f"{data_config.mask_prob:.2f} / {data_config.random_prob:.2f} / {keep:.2f}")
+    table.add_row("tokens per instance (mean, min, max)", "{:.1f}, {:.0f}, {:.0f}".format(
+        stats["tokens_per_instance"], stats["tokens_per_instance_min"], stats["tokens_per_instance_max"]),
+        f"max {data_config.max_seq_length}")
+    table.add_row("padding fraction", f"{stats['padding_fraction']:.3f}", "")
+    console.print(table)
+    return stats

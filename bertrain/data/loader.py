@@ -1,0 +1,205 @@
+"""Training and validation batches from a prepared DATA_DIR: resumable, rank-sharded, deterministic.
+
+Global micro-batch m of an epoch holds instances order[m*G:(m+1)*G], G = micro_batch_size *
+world_size; rank r takes [r*micro_batch_size:(r+1)*micro_batch_size] of it and the last incomplete
+global micro-batch is dropped, so every rank gets the same count (uneven counts stall DDP). The
+dataset is map-style with one item per micro-batch: item m is a pure function of (data, config,
+seed, epoch, m, rank), so starting at any micro-batch is O(1) and workers never change results.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from bertrain.data.format import PreparedData, open_prepared
+from bertrain.data.masking import AssembledBatch, Collator, MaskingSettings, instance_keys, word_start_table
+from bertrain.data.pairs import EpochPlan, SplitIndex, build_plan, gather_tokens, index_split
+from bertrain.errors import DataError, UsageError
+
+_KEY_STREAMS = {"train": 1, "validation": 2}
+VALIDATION_EPOCH = 0     # the validation plan and masks are those of "epoch 0" of the validation split
+_plans: OrderedDict = OrderedDict()
+_indexes: OrderedDict = OrderedDict()
+_word_starts: OrderedDict = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key: tuple, build, size: int) -> Any:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = build()
+    while len(cache) > size:
+        cache.popitem(last=False)
+    return value
+
+
+def split_index(prepared: PreparedData, split: str) -> SplitIndex:
+    """The global offset index of a split (cached per data directory and fingerprint)."""
+    key = (str(Path(prepared.path).resolve()), prepared.fingerprint, split)
+    return _remember(_indexes, key, lambda: index_split(prepared.split(split)), size=4)
+
+
+def epoch_plan(prepared: PreparedData, data_config, *, seed: int, epoch: int, split: str = "train") -> EpochPlan:
+    """The (cached) plan of an epoch: built once, shared by num_micro_batches and the loaders."""
+    key = (str(Path(prepared.path).resolve()), prepared.fingerprint, split, data_config.objective,
+           data_config.max_seq_length, data_config.short_seq_prob, seed, epoch)
+    return _remember(_plans, key, lambda: build_plan(
+        split_index(prepared, split), objective=data_config.objective, max_seq_length=data_config.max_seq_length,
+        short_seq_prob=data_config.short_seq_prob, seed=seed, epoch=epoch, split=split), size=3)
+
+
+def masking_settings(prepared: PreparedData, data_config) -> MaskingSettings:
+    """Masking settings from the config, with vocab, [MASK] id and word starts from the prepared data."""
+    word_start = None
+    if data_config.masking != "token":
+        tokenizer = prepared.manifest.get("tokenizer", {})
+        key = (str(Path(prepared.path).resolve()), prepared.fingerprint)
+        word_start = _remember(_word_starts, key, lambda: word_start_table(
+            prepared.tokenizer_dir / "tokenizer.json", tokenizer.get("kind"), tokenizer.get("word_marker"),
+            prepared.vocab_size), size=2)
+    return MaskingSettings(vocab_size=prepared.vocab_size, mask_token_id=prepared.special_tokens["mask"],
+                           masking=data_config.masking, mlm_probability=data_config.mlm_probability,
+                           mask_prob=data_config.mask_prob, random_prob=data_config.random_prob,
+                           ngram_max=data_config.ngram_max, max_predictions_per_seq=data_config.max_predictions_per_seq,
+                           word_start=word_start)
+
+
+def _check_layout(micro_batch_size: int, rank: int, world_size: int) -> None:
+    if micro_batch_size < 1:
+        raise UsageError(f"The micro-batch size must be at least 1, got {micro_batch_size}.")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"Rank {rank} is not in a world of {world_size} process(es).")
+
+
+class MicroBatchDataset:
+    """Map-style dataset: item m is this rank's part of global micro-batch m of one epoch."""
+
+    def __init__(self, prepared: PreparedData, data_config, plan: EpochPlan, settings: MaskingSettings, *,
+                 split: str, seed: int, epoch: int, micro_batch_size: int, rank: int, world_size: int):
+        self.data_path = prepared.path
+        self.split_name = split
+        self.plan = plan
+        self.collator = Collator(settings)
+        self.special_tokens = prepared.special_tokens
+        self.pairs = data_config.objective != "none"
+        self.max_seq_length = data_config.max_seq_length
+        self.multiple = max(data_config.pad_to_multiple_of, 1)
+        self.seed, self.epoch = seed, epoch
+        self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
+        self.token_base = split_index(prepared, split).token_base
+        self._tokens = [shard.tokens for shard in prepared.split(split).shards]
+
+    def __len__(self) -> int:
+        return len(self.plan) // (self.micro_batch_size * self.world_size)
+
+    def __getstate__(self) -> dict:
+        # Worker processes reopen the memory maps instead of receiving a copy of the tokens.
+        return {k: v for k, v in self.__dict__.items() if k != "_tokens"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._tokens = [shard.tokens for shard in open_prepared(self.data_path).split(self.split_name).shards]
+
+    def positions(self, micro_batch: int) -> np.ndarray:
+        """[B] positions in the epoch order of this rank's instances of a micro-batch."""
+        first = micro_batch * self.micro_batch_size * self.world_size + self.rank * self.micro_batch_size
+        return np.arange(first, first + self.micro_batch_size, dtype=np.int64)
+
+    def assemble(self, positions: np.ndarray) -> AssembledBatch:
+        """[CLS] A [SEP] B [SEP] (or [CLS] A [SEP]) of each instance, padded to a multiple of 8."""
+        plan, ids = self.plan, self.plan.order[positions]
+        a_start, a_length = plan.a_start[ids], plan.a_length[ids].astype(np.int64)
+        b_start, b_length = plan.b_start[ids], plan.b_length[ids].astype(np.int64)
+        length = a_length + 2 + (b_length + 1 if self.pairs else 0)                  # [B]
+        width = -(-int(length.max()) // self.multiple) * self.multiple
+        width = min(width, max(self.max_seq_length, int(length.max())))           # never past the position table
+        column = np.arange(width)[None, :]                                         # [1, T]
+        in_a = (column >= 1) & (column <= a_length[:, None])                       # [B, T]
+        b_first = (a_length + 2)[:, None]
+        in_b = (column >= b_first) & (column < b_first + b_length[:, None]) if self.pairs else np.zeros_like(in_a)
+        source = np.where(in_a, a_start[:, None] + column - 1, b_start[:, None] + column - b_first)
+        text = in_a | in_b
+        input_ids = np.full((len(ids), width), self.special_tokens["pad"], dtype=np.int64)
+        input_ids[text] = gather_tokens(self._tokens, self.token_base, source[text])
+        rows = np.arange(len(ids))
+        input_ids[:, 0] = self.special_tokens["cls"]
+        input_ids[rows, a_length + 1] = self.special_tokens["sep"]
+        if self.pairs:
+            input_ids[rows, length - 1] = self.special_tokens["sep"]
+        attention = column < length[:, None]
+        token_type = (attention & (column >= b_first)).astype(np.int64) if self.pairs else np.zeros_like(input_ids)
+        keys = instance_keys(self.seed, _KEY_STREAMS[self.split_name], self.epoch, positions)
+        label = plan.sentence_label[ids] if self.pairs else None
+        return AssembledBatch(input_ids, token_type, attention, ~text, label, keys)
+
+    def __getitem__(self, micro_batch: int) -> dict[str, Any]:
+        if not 0 <= micro_batch < len(self):
+            raise IndexError(f"micro-batch {micro_batch} is outside 0..{len(self) - 1}")
+        return self.collator(self.assemble(self.positions(micro_batch)))
+
+
+class MicroBatchLoader:
+    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers."""
+
+    def __init__(self, dataset: MicroBatchDataset, start: int, stop: int, num_workers: int = 0):
+        self.dataset, self.start, self.stop, self.num_workers = dataset, start, stop, num_workers
+
+    def __len__(self) -> int:
+        return max(self.stop - self.start, 0)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.num_workers <= 0 or len(self) == 0:
+            for micro_batch in range(self.start, self.stop):
+                yield self.dataset[micro_batch]
+            return
+        from torch.utils.data import DataLoader
+
+        # batch_size=None: each item already is a micro-batch; the sampler is just the index range.
+        loader = DataLoader(self.dataset, batch_size=None, sampler=range(self.start, self.stop),
+                            num_workers=self.num_workers, persistent_workers=False)
+        yield from loader
+
+
+def num_micro_batches(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
+                      world_size: int) -> int:
+    """Micro-batches per rank in an epoch (the same on every rank)."""
+    _check_layout(micro_batch_size, 0, world_size)
+    return len(epoch_plan(prepared, data_config, seed=seed, epoch=epoch)) // (micro_batch_size * world_size)
+
+
+def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
+                       rank: int, world_size: int, start_micro_batch: int = 0) -> MicroBatchLoader:
+    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1)."""
+    _check_layout(micro_batch_size, rank, world_size)
+    plan = epoch_plan(prepared, data_config, seed=seed, epoch=epoch)
+    dataset = MicroBatchDataset(prepared, data_config, plan, masking_settings(prepared, data_config), split="train",
+                                seed=seed, epoch=epoch, micro_batch_size=micro_batch_size, rank=rank,
+                                world_size=world_size)
+    total = len(dataset)
+    if total == 0:
+        raise DataError(f"{prepared.path}: the train split gives {len(plan)} instances, fewer than one global "
+                        f"micro-batch of {micro_batch_size * world_size}. Use more data or a smaller batch.")
+    if not 0 <= start_micro_batch <= total:
+        raise UsageError(f"Cannot start epoch {epoch} at micro-batch {start_micro_batch}: it has {total}.")
+    return MicroBatchLoader(dataset, start_micro_batch, total, data_config.num_workers)
+
+
+def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
+                            world_size: int, max_batches: int | None) -> MicroBatchLoader:
+    """Up to `max_batches` validation micro-batches with fixed masks (identical every evaluation).
+    Empty (len 0) when the data has no validation documents."""
+    _check_layout(micro_batch_size, rank, world_size)
+    entry = prepared.manifest.get("splits", {}).get("validation")
+    empty = MicroBatchLoader(None, 0, 0)  # type: ignore[arg-type]
+    if not entry or not entry.get("documents"):
+        return empty
+    plan = epoch_plan(prepared, data_config, seed=seed, epoch=VALIDATION_EPOCH, split="validation")
+    dataset = MicroBatchDataset(prepared, data_config, plan, masking_settings(prepared, data_config),
+                                split="validation", seed=seed, epoch=VALIDATION_EPOCH,
+                                micro_batch_size=micro_batch_size, rank=rank, world_size=world_size)
+    stop = len(dataset) if max_batches is None else min(len(dataset), max_batches)
+    return MicroBatchLoader(dataset, 0, stop, data_config.num_workers)

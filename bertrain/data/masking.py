@@ -1,0 +1,284 @@
+"""Dynamic masking: which tokens the MLM head predicts, and what the model sees there.
+
+Two entry points with the same statistics:
+  * `mask_tokens` — the classic torch version driven by a `torch.Generator` (token masking only),
+    for users and tests.
+  * `Collator` — what the loaders use. Its randomness is *counter based*: every draw is a hash
+    of (instance key, unit index, stream), where the instance key is a hash of (seed, split,
+    epoch, position of the instance in the epoch). So an instance's masks never depend on which
+    batch, rank or worker builds it — 2 ranks x B and 1 rank x 2B give identical data, and a
+    resumed run sees exactly what an uninterrupted one would.
+
+Units: `token` masks tokens independently; `whole_word` decides per word (a word starts at a token
+without the `##` prefix for WordPiece, at a token with the `▁` prefix for Unigram; the first token
+of each segment always starts one); `ngram` (ALBERT) covers spans of 1..ngram_max words with
+P(n) ∝ 1/n. In every mode each eligible token is chosen with probability `mlm_probability`, and
+the 80/10/10 decision is made once per unit (per word in the word modes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bertrain.errors import DataError
+
+IGNORE_INDEX = -100
+FIRST_REGULAR_ID = 5   # pad, unk, cls, sep, mask are ids 0-4 for both tokenizer kinds (shared contract)
+WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_STREAM = np.uint64(0xD1B54A32D192ED03)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_TO_UNIT = 2.0 ** -53
+
+STREAM_CHOOSE, STREAM_ACTION, STREAM_RANDOM_ID, STREAM_PRIORITY, STREAM_SPAN = range(5)
+
+
+def mask_tokens(input_ids, special_tokens_mask, vocab_size: int, mask_token_id: int, generator,
+                mlm_probability: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1, *,
+                pad_token_id: int = 0, first_regular_id: int = FIRST_REGULAR_ID):
+    """BERT masking of a [B, T] batch: returns (masked input_ids, labels with -100 where not chosen).
+
+    Chosen: each non-special, non-padding position with probability `mlm_probability`; of those,
+    `mask_prob` become [MASK], `random_prob` a random non-special id (>= first_regular_id), the rest stay.
+    """
+    import torch
+
+    eligible = ~special_tokens_mask.bool() & (input_ids != pad_token_id)
+    probability = torch.full(input_ids.shape, mlm_probability, dtype=torch.float32)
+    chosen = torch.bernoulli(probability, generator=generator).bool() & eligible
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    action = torch.rand(input_ids.shape, generator=generator)
+    random_ids = torch.randint(first_regular_id, vocab_size, input_ids.shape, generator=generator,
+                               dtype=input_ids.dtype)
+    masked = torch.where(chosen & (action < mask_prob), torch.full_like(input_ids, mask_token_id), input_ids)
+    masked = torch.where(chosen & (action >= mask_prob) & (action < mask_prob + random_prob), random_ids, masked)
+    return masked, labels
+
+
+# ----------------------------------------------------------------------------------------------
+# Counter-based randomness
+# ----------------------------------------------------------------------------------------------
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function of state x + golden: a bijective uint64 mixer (vectorized)."""
+    with np.errstate(over="ignore"):
+        x = x.astype(np.uint64) + _GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * _MIX1
+        x = (x ^ (x >> np.uint64(27))) * _MIX2
+        return x ^ (x >> np.uint64(31))
+
+
+def instance_keys(seed: int, stream: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """[B] uint64 key of each instance: a hash of (seed, stream (split), epoch, position in the epoch)."""
+    head = np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    for part in (stream, epoch):
+        head = splitmix64(head ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF))
+    return splitmix64(head ^ np.asarray(positions).astype(np.uint64))
+
+
+def keyed_bits(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarray:
+    """53 uniform random bits per (key, unit, stream), broadcasting keys against units: the
+    SplitMix64 output number `unit` of a generator seeded with the instance key."""
+    with np.errstate(over="ignore"):
+        counter = units.astype(np.uint64) * _GOLDEN + np.uint64(stream) * _STREAM
+        return splitmix64(keys ^ counter) >> np.uint64(11)
+
+
+def threshold(probability: float) -> np.uint64:
+    """keyed_bits(...) < threshold(p) holds with probability p."""
+    return np.uint64(round(min(max(probability, 0.0), 1.0) * 2.0 ** 53))
+
+
+def keyed_uniform(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarray:
+    """Uniform [0, 1) float64 per (key, unit, stream) (keys broadcast against units)."""
+    return keyed_bits(keys, units, stream).astype(np.float64) * _TO_UNIT
+
+
+# ----------------------------------------------------------------------------------------------
+# Words
+# ----------------------------------------------------------------------------------------------
+
+
+def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vocab_size: int) -> np.ndarray:
+    """[vocab] bool: does this token start a word? From the tokenizer's vocab and its word marker."""
+    expected = WORD_MARKERS.get(kind)
+    if expected is None:
+        raise DataError(f"Whole-word and n-gram masking need the tokenizer kind, and the manifest says {kind!r} "
+                        f"(known: wordpiece, unigram). Use data.masking: token, or prepare the data again.")
+    if word_marker is not None and word_marker != expected:
+        raise DataError(f"The manifest's tokenizer.word_marker is {word_marker!r}, but a {kind} tokenizer marks "
+                        f"words with {expected!r}. Prepare the data again, or use data.masking: token.")
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as error:  # missing or unreadable tokenizer.json
+        raise DataError(f"Cannot read the tokenizer {tokenizer_file} ({error}); whole-word and n-gram "
+                        f"masking need it. Prepare the data again, or use data.masking: token.") from None
+    # By id, not via get_vocab(): a vocab may hold the same string twice, and every id needs an entry.
+    size = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
+    table = np.ones(size, dtype=bool)
+    for token_id in range(size):
+        token = tokenizer.id_to_token(token_id)
+        if token is not None:
+            is_continuation = token.startswith("##") if kind == "wordpiece" else not token.startswith("▁")
+            table[token_id] = not is_continuation
+    table[:FIRST_REGULAR_ID] = True
+    return table
+
+
+def ngram_start_probability(mlm_probability: float, ngram_max: int) -> float:
+    """Probability q that a word starts a span, so that a word is covered with `mlm_probability`.
+
+    A word w is covered when some start w-k (k < n_max) is drawn and its span is longer than k:
+    P(covered) = 1 - prod_k (1 - q * P(n > k)), with P(n) ∝ 1/n. Solved for q by bisection.
+    """
+    weights = 1.0 / np.arange(1, ngram_max + 1)
+    longer = weights[::-1].cumsum()[::-1] / weights.sum()      # P(n > k) for k = 0..n_max-1
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        q = (low + high) / 2
+        covered = 1.0 - np.prod(1.0 - q * longer)
+        low, high = (q, high) if covered < mlm_probability else (low, q)
+    return (low + high) / 2
+
+
+# ----------------------------------------------------------------------------------------------
+# The collator's keyed masking
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MaskingSettings:
+    """The masking keys of DataConfig, resolved against the prepared data."""
+
+    vocab_size: int
+    mask_token_id: int
+    masking: str = "token"
+    mlm_probability: float = 0.15
+    mask_prob: float = 0.8
+    random_prob: float = 0.1
+    ngram_max: int = 3
+    max_predictions_per_seq: int | None = None
+    word_start: np.ndarray | None = None   # [vocab] bool, needed by whole_word and ngram
+
+    def __post_init__(self) -> None:
+        if self.masking not in ("token", "whole_word", "ngram"):
+            raise DataError(f"data.masking must be token, whole_word or ngram, not {self.masking!r}.")
+        if self.masking != "token" and self.word_start is None:
+            raise DataError(f"data.masking: {self.masking} needs the tokenizer's word starts.")
+        self.span_start_probability = (ngram_start_probability(self.mlm_probability, self.ngram_max)
+                                       if self.masking == "ngram" else None)
+        weights = 1.0 / np.arange(1, self.ngram_max + 1)
+        self.span_cdf = weights.cumsum() / weights.sum()
+
+
+def _choose(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """[B, T] bool: tokens chosen for prediction (before the per-sequence cap)."""
+    if settings.masking != "ngram":
+        return eligible & (keyed_bits(keys[:, None], units, STREAM_CHOOSE) < threshold(settings.mlm_probability))
+    # Span starts are drawn for word indices -n_max+1 .. T-1 (stored shifted by n_max so they are >= 0),
+    # so that every word, the first ones included, is covered with the same probability.
+    n_max = settings.ngram_max
+    starts = np.arange(units.shape[1] + n_max)[None, :]                         # [1, T + n_max]
+    begins = keyed_bits(keys[:, None], starts, STREAM_CHOOSE) < threshold(settings.span_start_probability)
+    span_bits = keyed_bits(keys[:, None], starts, STREAM_SPAN)
+    span = 1 + sum((span_bits >= threshold(c)).astype(np.int64) for c in settings.span_cdf[:-1])
+    reach = np.where(begins, span, 0)                                            # [B, T + n_max] words covered
+    covered = np.zeros(units.shape, dtype=bool)
+    for k in range(n_max):                                                       # a span from word w-k covers w
+        covered |= np.take_along_axis(reach, units + (n_max - k), axis=1) > k
+    return eligible & covered
+
+
+def _cap(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Keep at most max_predictions_per_seq chosen tokens per row, dropping whole units in random order."""
+    cap = settings.max_predictions_per_seq
+    if cap is None:
+        return chosen
+    rows = np.flatnonzero(chosen.sum(axis=1) > cap)
+    if not len(rows):
+        return chosen
+    sub_chosen, sub_units = chosen[rows], units[rows]
+    priority = np.where(sub_chosen, keyed_uniform(keys[rows][:, None], sub_units, STREAM_PRIORITY), 2.0)
+    order = np.argsort(priority, axis=1, kind="stable")     # a unit's tokens stay adjacent, in position order
+    running = np.cumsum(np.take_along_axis(sub_chosen, order, axis=1), axis=1)
+    count_at = np.empty_like(running)
+    np.put_along_axis(count_at, order, running, axis=1)
+    width = units.shape[1]
+    flat_unit = (np.arange(len(rows))[:, None] * width + sub_units).ravel()
+    unit_total = np.zeros(len(rows) * width, dtype=running.dtype)
+    np.maximum.at(unit_total, flat_unit, count_at.ravel())   # a unit's count after its last token
+    keep = (unit_total[flat_unit] <= cap).reshape(sub_chosen.shape)
+    chosen = chosen.copy()
+    chosen[rows] = sub_chosen & keep
+    return chosen
+
+
+def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.ndarray,
+               keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keyed masking of an assembled [B, T] batch; returns (masked ids, labels). `special` marks
+    [CLS], [SEP] and padding; `keys` [B] are the instances' keys (see `instance_keys`)."""
+    eligible = ~special
+    if settings.masking == "token":
+        units = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
+    else:
+        # A word starts at a marked token, at a special token, and right after one (segment starts).
+        after_special = np.zeros_like(special)
+        after_special[:, 1:] = special[:, :-1]
+        starts = settings.word_start[input_ids] | special | after_special
+        units = np.cumsum(starts, axis=1) - 1                # [B, T] word index within the row
+    chosen = _choose(settings, keys, units, eligible)
+    chosen = _cap(settings, keys, units, chosen)
+    # The 80/10/10 draws are made only where needed: per chosen unit, then per randomized token.
+    rows, columns = np.nonzero(chosen)
+    action = keyed_bits(keys[rows], units[rows, columns], STREAM_ACTION)
+    to_mask = action < threshold(settings.mask_prob)
+    to_random = ~to_mask & (action < threshold(settings.mask_prob + settings.random_prob))
+    random_rows, random_columns = rows[to_random], columns[to_random]
+    span = settings.vocab_size - FIRST_REGULAR_ID
+    random_ids = FIRST_REGULAR_ID + (keyed_uniform(keys[random_rows], random_columns, STREAM_RANDOM_ID)
+                                     * span).astype(np.int64)
+    masked = input_ids.copy()
+    masked[rows[to_mask], columns[to_mask]] = settings.mask_token_id
+    masked[random_rows, random_columns] = random_ids
+    labels = np.full(input_ids.shape, IGNORE_INDEX, dtype=np.int64)
+    labels[rows, columns] = input_ids[rows, columns]
+    return masked, labels
+
+
+@dataclass
+class AssembledBatch:
+    """Instances laid out as a padded [B, T] matrix, before masking."""
+
+    input_ids: np.ndarray        # [B, T] int64 with [CLS]/[SEP]/[PAD]
+    token_type_ids: np.ndarray   # [B, T] int64
+    attention_mask: np.ndarray   # [B, T] bool
+    special: np.ndarray          # [B, T] bool: [CLS], [SEP], padding
+    sentence_label: np.ndarray | None   # [B]
+    keys: np.ndarray             # [B] uint64 instance keys
+
+
+class Collator:
+    """Masks an assembled batch and returns the training dict of int64 tensors."""
+
+    def __init__(self, settings: MaskingSettings):
+        self.settings = settings
+
+    def __call__(self, batch: AssembledBatch) -> dict[str, Any]:
+        import torch
+
+        masked, labels = mask_batch(self.settings, batch.input_ids, batch.special, batch.keys)
+        out = {"input_ids": torch.from_numpy(masked.astype(np.int64, copy=False)),
+               "attention_mask": torch.from_numpy(batch.attention_mask.astype(np.int64)),
+               "token_type_ids": torch.from_numpy(batch.token_type_ids.astype(np.int64, copy=False)),
+               "labels": torch.from_numpy(labels.astype(np.int64, copy=False))}
+        if batch.sentence_label is not None:
+            out["sentence_label"] = torch.from_numpy(batch.sentence_label.astype(np.int64))
+        return out

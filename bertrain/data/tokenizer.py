@@ -1,0 +1,354 @@
+"""Train and load WordPiece (BERT) and Unigram (ALBERT/SentencePiece-style) tokenizers.
+
+Both kinds put the special tokens at the same ids (pad=0, unk=1, cls=2, sep=3, mask=4) and get a
+TemplateProcessing post-processor ("[CLS] A [SEP] B [SEP]", token types 0/1). The saved directory
+holds tokenizer.json plus the small wrapper files transformers.AutoTokenizer needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from bertrain.config import TokenizerConfig
+from bertrain.errors import DataError
+
+SPECIAL_TOKENS = {
+    "wordpiece": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+    "unigram": {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+}
+SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
+MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
+TRAIN_BATCH_CHARS = 1 << 20
+
+
+def _strip_accents(config: TokenizerConfig) -> bool:
+    return config.lowercase if config.strip_accents is None else config.strip_accents
+
+
+def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = ()) -> tuple[Any, Any]:
+    """(Tokenizer, trainer) for `config.kind` with normalizer, pre-tokenizer and decoder set.
+
+    `alphabet` (characters of the raw training text) fixes WordPiece's "##x" ids up front.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    specials = list(SPECIAL_TOKENS[config.kind].values())
+    if config.kind == "wordpiece":
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+        tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=_strip_accents(config),
+            lowercase=config.lowercase)
+        # The trainer numbers continuation characters ("##e") in hash-map order, which changes the
+        # tie-breaking of merges from run to run. Listing them (sorted) as extra special tokens fixes
+        # their ids; `canonical` makes them ordinary vocabulary again after training.
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        normalized = set()
+        for char in alphabet:
+            normalized.update(tokenizer.normalizer.normalize_str(char))
+        continuing = [char for char in sorted(normalized)  # punctuation is never inside a word
+                      if len(tokenizer.pre_tokenizer.pre_tokenize_str("a" + char)) == 1]
+        specials += [f"##{char}" for char in continuing]
+        tokenizer.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
+            continuing_subword_prefix="##", show_progress=False)
+        return tokenizer, trainer
+    tokenizer = Tokenizer(models.Unigram())
+    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"'), normalizers.NFKC()]
+    if config.lowercase:
+        steps.append(normalizers.Lowercase())
+    if _strip_accents(config):
+        steps += [normalizers.NFKD(), normalizers.StripAccents(), normalizers.NFC()]
+    steps.append(normalizers.Replace(Regex(r"\s+"), " "))  # tabs and newlines too: "▁" marks spaces only
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    # Words, single digits and punctuation runs are split off first, each keeping the space before
+    # it, and Metaspace then marks that space as "▁". The Unigram trainer crashed on real prose with
+    # Metaspace alone; splitting punctuation and digits first avoids it, and keeping the space on the
+    # piece (as SentencePiece's '▁"' or '▁(') avoids a bare "▁" token before every punctuation mark.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"), behavior="isolated"),
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)])
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=config.vocab_size, special_tokens=specials, unk_token="<unk>", max_piece_length=16,
+        show_progress=False)
+    return tokenizer, trainer
+
+
+def add_post_processor(tokenizer: Any, cls_token: str, sep_token: str) -> None:
+    """BERT's template: [CLS] A [SEP] (B [SEP]) with token types 0 for A, 1 for B."""
+    from tokenizers import processors
+
+    cls_id, sep_id = tokenizer.token_to_id(cls_token), tokenizer.token_to_id(sep_token)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls_token}:0 $A:0 {sep_token}:0", pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
+        special_tokens=[(cls_token, cls_id), (sep_token, sep_id)])
+
+
+def _iter_texts(texts_or_files: Any, max_bytes: int) -> Iterator[list[str]]:
+    """Batches of text from strings or file paths, stopping after max_bytes."""
+    if isinstance(texts_or_files, (str, Path)):
+        texts_or_files = [texts_or_files]
+    used = 0
+    batch: list[str] = []
+    size = 0
+
+    def texts() -> Iterator[str]:
+        for item in texts_or_files:
+            if isinstance(item, Path) or (isinstance(item, str) and "\n" not in item and os.path.isfile(item)):
+                with open(item, encoding="utf-8", errors="replace") as handle:
+                    yield from handle
+            else:
+                yield item
+
+    for text in texts():
+        batch.append(text)
+        size += len(text)
+        used += len(text)
+        if size >= TRAIN_BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+        if used >= max_bytes:
+            break
+    if batch:
+        yield batch
+
+
+def _spool(texts_or_files: Any, max_bytes: int, path: Path) -> tuple[int, set[str]]:
+    """Write the training text (at most max_bytes characters) to a file; return (chars, alphabet)."""
+    chars = 0
+    alphabet: set[str] = set()
+    with open(path, "w", encoding="utf-8") as handle:
+        for batch in _iter_texts(texts_or_files, max_bytes):
+            for text in batch:
+                handle.write(text if text.endswith("\n") else text + "\n")
+                chars += len(text)
+                alphabet.update(text)
+    return chars, alphabet
+
+
+def canonical(tokenizer: Any, kind: str) -> Any:
+    """The trained tokenizer with its arbitrary choices made deterministic.
+
+    The Rust trainers iterate hash maps with random seeds: WordPiece numbers its "##x" alphabet in
+    a random order (the ids are fixed up front, see build_untrained; here those placeholder special
+    tokens are turned back into ordinary vocabulary); Unigram's scores differ in the last bits, come
+    in a random order, and tied characters get their small score offsets in a random order (scores
+    are rounded, the tied characters' offsets reassigned in sorted order, and pieces sorted).
+    """
+    from tokenizers import Tokenizer
+
+    data = json.loads(tokenizer.to_str())
+    specials = set(SPECIAL_TOKENS[kind].values())
+    data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] in specials]
+    if kind == "unigram":
+        vocab = data["model"]["vocab"]
+        head = [[piece, 0.0] for piece, _ in vocab[:len(specials)]]
+        rest = [[piece, round(score, 6)] for piece, score in vocab[len(specials):]]
+        _canonical_penalty_chars(rest)
+        rest.sort(key=lambda item: (-item[1], item[0]))
+        data["model"]["vocab"] = head + rest
+        data["model"]["unk_id"] = SPECIAL_IDS["unk"]
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def _canonical_penalty_chars(pieces: list[list]) -> None:
+    """Unigram: required characters missing from the trained model get scores near min_score,
+    spaced by 1e-4 in hash-set order; give that run of scores to the characters in sorted order."""
+    chars = sorted((item for item in pieces if len(item[0]) == 1), key=lambda item: item[1])
+    run = chars[:1]
+    for item in chars[1:]:
+        if item[1] - run[-1][1] > 1e-4 + 2e-6:
+            break
+        run.append(item)
+    if len(run) > 1:
+        scores = [item[1] for item in run]
+        for item, score in zip(sorted(run, key=lambda item: item[0]), scores):
+            item[1] = score
+
+
+def _check_specials(tokenizer: Any, kind: str) -> dict[str, int]:
+    ids = {name: tokenizer.token_to_id(token) for name, token in SPECIAL_TOKENS[kind].items()}
+    if ids != SPECIAL_IDS:
+        raise DataError(f"Trained {kind} tokenizer has special-token ids {ids}, expected {SPECIAL_IDS} (a bug).")
+    return ids
+
+
+def train_tokenizer(texts_or_files: Any, tokenizer_config: TokenizerConfig, out_dir: str | Path,
+                    validation_texts: Optional[Iterable[str]] = None) -> dict[str, Any]:
+    """Train a tokenizer on texts (strings, or paths of text files), save it to out_dir; return stats.
+
+    At most `tokenizer_config.max_bytes` characters are used. With `validation_texts`, the stats
+    include the unknown-token rate and tokens per word on them.
+    """
+    config = tokenizer_config
+    if config.vocab_size < 16:
+        raise DataError(f"tokenizer.vocab_size {config.vocab_size} is too small; use at least a few hundred.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spool = out / "training-text.tmp"
+    start = time.perf_counter()
+    try:
+        # Spooling to a file lets the (parallel) file trainer run and gives the alphabet up front.
+        chars, alphabet = _spool(texts_or_files, config.max_bytes, spool)
+        if chars == 0:
+            raise DataError("No text to train the tokenizer on: every document was empty or skipped.")
+        tokenizer, trainer = build_untrained(config, alphabet)
+        try:
+            tokenizer.train([str(spool)], trainer=trainer)
+        except Exception as error:  # the Rust trainers raise plain exceptions on degenerate corpora
+            raise DataError(
+                f"Training the {config.kind} tokenizer (vocab_size {config.vocab_size}) failed on "
+                f"{chars:,} characters of text: {error}. The corpus may be too small for this "
+                f"vocabulary: lower tokenizer.vocab_size (e.g. --vocab-size 1000) or add text.") from None
+    finally:
+        spool.unlink(missing_ok=True)
+    tokenizer = canonical(tokenizer, config.kind)
+    seconds = time.perf_counter() - start
+    _check_specials(tokenizer, config.kind)
+    specials = SPECIAL_TOKENS[config.kind]
+    add_post_processor(tokenizer, specials["cls"], specials["sep"])
+    save_tokenizer(tokenizer, out, config.kind, lowercase=config.lowercase)
+    stats = {
+        "kind": config.kind,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "vocab_size_requested": config.vocab_size,
+        "training_chars": chars,
+        "training_seconds": round(seconds, 2),
+        "sha256": file_sha256(out / "tokenizer.json"),
+    }
+    if validation_texts is not None:
+        stats.update(measure(tokenizer, validation_texts))
+    return stats
+
+
+def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -> dict[str, Any]:
+    """Unknown-token rate and tokens per whitespace-separated word on some texts."""
+    unk = tokenizer.token_to_id(SPECIAL_TOKENS["wordpiece"]["unk"])
+    if unk is None:
+        unk = tokenizer.token_to_id(SPECIAL_TOKENS["unigram"]["unk"])
+    tokens = unknown = words = chars = 0
+    batch: list[str] = []
+
+    def flush() -> None:
+        nonlocal tokens, unknown
+        for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+            tokens += len(encoding.ids)
+            unknown += encoding.ids.count(unk)
+
+    for text in texts:
+        batch.append(text)
+        words += len(text.split())
+        chars += len(text)
+        if len(batch) == 4096:
+            flush()
+            batch = []
+        if chars >= max_chars:
+            break
+    if batch:
+        flush()
+    return {"unk_rate": unknown / tokens if tokens else 0.0, "tokens_per_word": tokens / words if words else 0.0,
+            "measured_words": words}
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bool = True,
+                   model_max_length: int = 512) -> Path:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json (atomically, json last)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    specials = special_token_strings(tokenizer, kind)
+    tokens_map = {f"{name}_token": token for name, token in specials.items()}
+    added = {}
+    for name, token in specials.items():
+        token_id = tokenizer.token_to_id(token)
+        added[str(token_id)] = {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
+                                "single_word": False, "special": True}
+    wrapper = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_input_names": MODEL_INPUT_NAMES,
+        "model_max_length": model_max_length,
+        "padding_side": "right",
+        "truncation_side": "right",
+        "clean_up_tokenization_spaces": False,
+        "do_lower_case": lowercase,
+        "added_tokens_decoder": added,
+        **tokens_map,
+    }
+    tmp = out / "tokenizer.json.tmp"
+    tokenizer.save(str(tmp))
+    (out / "special_tokens_map.json").write_text(json.dumps(tokens_map, indent=2, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps(wrapper, indent=2, ensure_ascii=False))
+    os.replace(tmp, out / "tokenizer.json")
+    return out
+
+
+def special_token_strings(tokenizer: Any, kind: str) -> dict[str, str]:
+    """The special-token strings of a tokenizer of this kind that exist in its vocabulary."""
+    out = {}
+    for name in SPECIAL_IDS:
+        for candidate in (SPECIAL_TOKENS[kind][name], SPECIAL_TOKENS["wordpiece"][name],
+                          SPECIAL_TOKENS["unigram"][name]):
+            if tokenizer.token_to_id(candidate) is not None:
+                out[name] = candidate
+                break
+    return out
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """tokenizer.json inside a directory, or the file itself."""
+    path = Path(path)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """Load a tokenizers.Tokenizer from a directory holding tokenizer.json or from the file."""
+    from tokenizers import Tokenizer
+
+    file = tokenizer_file(path)
+    if not file.is_file():
+        raise DataError(f"No tokenizer at '{path}': expected a tokenizer.json file or a directory holding one.")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as error:
+        raise DataError(f"'{file}' is not a valid tokenizers JSON file ({error}).") from None
+
+
+def tokenizer_kind(tokenizer: Any) -> str:
+    """'wordpiece' or 'unigram' from the tokenizer's model; other models are refused."""
+    model = json.loads(tokenizer.to_str())["model"]["type"]
+    kinds = {"WordPiece": "wordpiece", "Unigram": "unigram"}
+    if model not in kinds:
+        raise DataError(f"The tokenizer's model is {model}; bertrain supports WordPiece and Unigram "
+                        f"(whole-word masking needs their '##' / '▁' word marks).")
+    return kinds[model]
+
+
+def tokenizer_facts(tokenizer: Any, kind: str, sha256: str) -> dict[str, Any]:
+    """The manifest's `tokenizer` record."""
+    strings = special_token_strings(tokenizer, kind)
+    missing = [name for name in SPECIAL_IDS if name not in strings]
+    if missing:
+        raise DataError(f"The tokenizer has no {', '.join(missing)} token (looked for "
+                        f"{', '.join(SPECIAL_TOKENS[kind][m] for m in missing)}).")
+    return {
+        "kind": kind,
+        "word_marker": WORD_MARKERS[kind],
+        "vocab_size": tokenizer.get_vocab_size(),
+        "sha256": sha256,
+        "special_tokens": {name: tokenizer.token_to_id(token) for name, token in strings.items()},
+        "special_token_strings": strings,
+    }

@@ -1,0 +1,87 @@
+"""BERT and ALBERT for pretraining, their weights on disk, and Hugging Face interop (hf.py).
+
+Public API: build_model(model_config) → PreTrainingModel; model(input_ids, attention_mask,
+token_type_ids, labels=None, sentence_label=None) → PreTrainingOutput; save_weights / load_weights;
+initialize_from(model, path) for `model.init_from`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertrain.errors import ConfigError, DataError
+from bertrain.model.bert import BertPreTrainingModel, PreTrainingModel, PreTrainingOutput
+from bertrain.model.albert import AlbertPreTrainingModel
+
+__all__ = ["build_model", "save_weights", "load_weights", "initialize_from", "unwrap",
+           "PreTrainingModel", "PreTrainingOutput", "BertPreTrainingModel", "AlbertPreTrainingModel"]
+
+
+def build_model(model_config) -> PreTrainingModel:
+    """A freshly initialized BERT or ALBERT for `model_config` (its vocab_size must be set)."""
+    c = model_config
+    if c.vocab_size is None:
+        raise ConfigError("model.vocab_size is not set: take it from the prepared data's manifest "
+                          "(the trainer does) or set it, e.g. --set model.vocab_size=30522.")
+    if c.vocab_size < 1 or c.hidden_size < 1 or c.num_hidden_layers < 1 or c.num_attention_heads < 1:
+        raise ConfigError("model.vocab_size, hidden_size, num_hidden_layers and num_attention_heads must be positive.")
+    if c.hidden_size % c.num_attention_heads:
+        raise ConfigError(f"model.hidden_size ({c.hidden_size}) must be divisible by model.num_attention_heads "
+                          f"({c.num_attention_heads}).")
+    if c.type == "albert":
+        if c.num_hidden_groups < 1 or c.inner_group_num < 1 or c.num_hidden_layers % c.num_hidden_groups:
+            raise ConfigError("model.num_hidden_groups and model.inner_group_num must be positive and "
+                              "num_hidden_groups must divide num_hidden_layers.")
+        return AlbertPreTrainingModel(c)
+    if c.type == "bert":
+        return BertPreTrainingModel(c)
+    raise ConfigError(f"model.type must be 'bert' or 'albert', not {c.type!r}.")
+
+
+def unwrap(model):
+    """The PreTrainingModel inside DDP / accelerate / torch.compile wrappers."""
+    while not isinstance(model, PreTrainingModel):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            raise TypeError(f"not a bertrain PreTrainingModel: {type(model).__name__}")
+        model = inner
+    return model
+
+
+def save_weights(model, path: str | Path) -> None:
+    """Write the model's state dict as safetensors (the tied decoder is the embedding: one tensor)."""
+    from safetensors.torch import save_file
+
+    state = {name: tensor.detach().contiguous() for name, tensor in unwrap(model).state_dict().items()}
+    save_file(state, str(path), metadata={"format": "pt", "bertrain": "1"})
+
+
+def load_weights(model, path: str | Path) -> None:
+    """Load weights written by save_weights; any missing, unexpected or mis-shaped key is an error."""
+    from safetensors.torch import load_file
+
+    model = unwrap(model)
+    try:
+        state = load_file(str(path))
+    except (OSError, ValueError, RuntimeError) as error:
+        raise DataError(f"Cannot read model weights {path}: {error}") from None
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        details = "; ".join(part for part in (
+            f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+            "shape differs for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+                                             for k in wrong[:5]) if wrong else "") if part)
+        raise DataError(f"Weights in {path} do not fit this model ({details}). Was the checkpoint written "
+                        "with a different model config?")
+    model.load_state_dict(state)
+
+
+def initialize_from(model, path: str | Path) -> str:
+    """Load `model.init_from` into a freshly built model: a transformers BERT/ALBERT directory, a bertrain
+    checkpoint dir, a RUN_DIR (its latest checkpoint) or a model.safetensors file. Returns what was loaded."""
+    from bertrain.model.hf import initialize_from as _initialize_from
+
+    return _initialize_from(model, path)

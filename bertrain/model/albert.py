@@ -1,0 +1,52 @@
+"""What ALBERT changes: factorized embeddings (E, then a mapping E→H) and cross-layer sharing.
+
+`num_hidden_layers` steps each apply one whole group of `inner_group_num` layers; step i uses
+group i * num_hidden_groups // num_hidden_layers, as AlbertTransformer does. The MLM head projects
+H→E and decodes from E with the tied E-sized word embeddings; the sentence head predicts order (SOP).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bertrain.model.bert import PreTrainingModel, embedding_size
+from bertrain.model.layers import Embeddings, EncoderLayer, attention_bias, init_weights, run_layer
+
+
+class AlbertEncoder(nn.Module):
+    """Mapping E→H, then groups of shared layers applied num_hidden_layers times."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_steps = config.num_hidden_layers
+        self.embedding_to_hidden = nn.Linear(embedding_size(config), config.hidden_size)
+        self.groups = nn.ModuleList(
+            nn.ModuleList(EncoderLayer(config) for _ in range(config.inner_group_num))
+            for _ in range(config.num_hidden_groups))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, checkpointing: bool = False,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embedding_to_hidden(x)  # [B, T, E] → [B, T, H]
+        for step in range(self.num_steps):
+            group = self.groups[step * len(self.groups) // self.num_steps]
+            for j, layer in enumerate(group):
+                last = step == self.num_steps - 1 and j == len(group) - 1
+                x = run_layer(layer, x, mask, checkpointing, rows if last else None)
+        return x
+
+
+class AlbertPreTrainingModel(PreTrainingModel):
+    """ALBERT (Lan et al. 2019) with MLM and SOP heads, weights laid out like AlbertForPreTraining."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embeddings = Embeddings(config.vocab_size, embedding_size(config), config.max_position_embeddings,
+                                     config.type_vocab_size, config.layer_norm_eps, config.hidden_dropout_prob)
+        self.encoder = AlbertEncoder(config)
+        self.add_heads()
+        init_weights(self, config.initializer_range)
+
+    def encode(self, input_ids, attention_mask, token_type_ids, sparse_grad=False, rows=None):
+        x = self.embeddings(input_ids, token_type_ids, sparse_grad)  # [B, T, E]
+        return self.encoder(x, attention_bias(attention_mask), self.gradient_checkpointing and self.training, rows)

@@ -1,0 +1,481 @@
+"""Hugging Face interop: export to / import from transformers' BertForPreTraining / AlbertForPreTraining
+layout, `model.init_from`, and fill-mask inference on an exported dir or a checkpoint.
+
+Our weights differ from transformers' only in names and in the fused query/key/value matrix, which
+is split into three on export and concatenated on import. The tied decoder is left out of the
+file, as transformers does; it re-ties it to the word embeddings on load.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertrain.errors import ConfigError, DataError, UsageError
+
+WEIGHTS = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "added_tokens.json")
+
+# Our layer's parameter → transformers' (BERT layer, ALBERT layer); "qkv" is split into three.
+_LAYER_NAMES = {
+    "attention.qkv": (("attention.self.query", "attention.self.key", "attention.self.value"),
+                      ("attention.query", "attention.key", "attention.value")),
+    "attention.output": (("attention.output.dense",), ("attention.dense",)),
+    "attention_norm": (("attention.output.LayerNorm",), ("attention.LayerNorm",)),
+    "feed_forward.up": (("intermediate.dense",), ("ffn",)),
+    "feed_forward.down": (("output.dense",), ("ffn_output",)),
+    "output_norm": (("output.LayerNorm",), ("full_layer_layer_norm",)),
+}
+
+
+def name_map(config) -> list[tuple[str, tuple[str, ...]]]:
+    """(our parameter name, transformers names) for every parameter; 3 names = split along dim 0."""
+    albert = config.type == "albert"
+    base = "albert." if albert else "bert."
+    pairs: list[tuple[str, tuple[str, ...]]] = []
+
+    def add(ours: str, *theirs: str, params=("weight", "bias")) -> None:
+        for p in params:
+            pairs.append((f"{ours}.{p}", tuple(f"{t}.{p}" for t in theirs)))
+
+    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        add(f"embeddings.{table}", f"{base}embeddings.{table}", params=("weight",))
+    add("embeddings.layer_norm", f"{base}embeddings.LayerNorm")
+    if albert:
+        add("encoder.embedding_to_hidden", "albert.encoder.embedding_hidden_mapping_in")
+        layers = [(f"encoder.groups.{g}.{j}", f"albert.encoder.albert_layer_groups.{g}.albert_layers.{j}")
+                  for g in range(config.num_hidden_groups) for j in range(config.inner_group_num)]
+    else:
+        layers = [(f"encoder.layers.{i}", f"bert.encoder.layer.{i}") for i in range(config.num_hidden_layers)]
+    for ours, theirs in layers:
+        for part, (bert_names, albert_names) in _LAYER_NAMES.items():
+            add(f"{ours}.{part}", *(f"{theirs}.{n}" for n in (albert_names if albert else bert_names)))
+    if albert:
+        add("pooler", "albert.pooler")
+        add("mlm_head.dense", "predictions.dense")
+        add("mlm_head.layer_norm", "predictions.LayerNorm")
+        pairs.append(("mlm_head.bias", ("predictions.bias",)))
+        add("sentence_head", "sop_classifier.classifier")
+    else:
+        add("pooler", "bert.pooler.dense")
+        add("mlm_head.dense", "cls.predictions.transform.dense")
+        add("mlm_head.layer_norm", "cls.predictions.transform.LayerNorm")
+        pairs.append(("mlm_head.bias", ("cls.predictions.bias",)))
+        add("sentence_head", "cls.seq_relationship")
+    return pairs
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+# ----------------------------------------------------------------------------------------------
+
+
+def hf_config(model_config, pad_token_id: int = 0) -> dict[str, Any]:
+    """config.json for transformers (BertConfig / AlbertConfig fields)."""
+    from bertrain.model.bert import embedding_size
+
+    c = model_config
+    albert = c.type == "albert"
+    config: dict[str, Any] = {
+        "architectures": ["AlbertForPreTraining" if albert else "BertForPreTraining"],
+        "model_type": c.type,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "intermediate_size": c.intermediate_size,
+        "hidden_act": c.hidden_act,
+        "hidden_dropout_prob": c.hidden_dropout_prob,
+        "attention_probs_dropout_prob": c.attention_probs_dropout_prob,
+        "max_position_embeddings": c.max_position_embeddings,
+        "type_vocab_size": c.type_vocab_size,
+        "initializer_range": c.initializer_range,
+        "layer_norm_eps": c.layer_norm_eps,
+        "pad_token_id": pad_token_id,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+        # transformers 4.x and 5.x then load our tokenizer.json without a model-specific class.
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    if albert:
+        config.update(embedding_size=embedding_size(c), num_hidden_groups=c.num_hidden_groups,
+                      inner_group_num=c.inner_group_num, classifier_dropout_prob=0.1,
+                      bos_token_id=2, eos_token_id=3)
+    else:
+        config.update(position_embedding_type="absolute", classifier_dropout=None)
+    return config
+
+
+# BertConfig / AlbertConfig defaults for keys an older config.json may leave out.
+_HF_DEFAULTS = {
+    "bert": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                 max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12),
+    "albert": dict(embedding_size=128, hidden_size=4096, num_hidden_layers=12, num_hidden_groups=1,
+                   num_attention_heads=64, intermediate_size=16384, inner_group_num=1, hidden_act="gelu_new",
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=512,
+                   type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12),
+}
+# transformers' activations that are the same function as one of ours (tanh-approximated GELU).
+_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new",
+                "gelu_fast": "gelu_new", "gelu_python": "gelu"}
+
+
+def model_config_from_hf(hf_dir: str | Path):
+    """Our ModelConfig for a transformers BERT/ALBERT directory's config.json."""
+    from bertrain.config import ModelConfig
+
+    path = Path(hf_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise DataError(f"Cannot read {path}: {error.strerror}. Is {hf_dir} a transformers model directory?") from None
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path} is not valid JSON: {error}") from None
+    kind = raw.get("model_type")
+    if kind not in _HF_DEFAULTS:
+        raise ConfigError(f"{path}: model_type {kind!r} is not supported; bertrain reads 'bert' and 'albert' models.")
+    values = {**_HF_DEFAULTS[kind], **{k: raw[k] for k in _HF_DEFAULTS[kind] if k in raw}}
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not supported "
+                          "(bertrain uses learned absolute positions).")
+    act = _ACTIVATIONS.get(values["hidden_act"])
+    if act is None:
+        raise ConfigError(f"{path}: hidden_act {values['hidden_act']!r} is not supported "
+                          f"(use one of {', '.join(sorted(_ACTIVATIONS))}).")
+    if "vocab_size" not in raw:
+        raise DataError(f"{path} has no vocab_size.")
+    return ModelConfig(type=kind, vocab_size=raw["vocab_size"], **{**values, "hidden_act": act})
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------
+
+
+def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """Our weights under transformers' names (qkv split; tied decoder left out)."""
+    from bertrain.model import unwrap
+
+    model = unwrap(model)
+    ours = model.state_dict()
+    state = {}
+    for name, theirs in name_map(model.config):
+        tensor = ours[name].detach()
+        for hf_name, part in zip(theirs, tensor.chunk(len(theirs), dim=0)):
+            state[hf_name] = part.contiguous().clone()
+    return state
+
+
+def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a transformers directory: model.safetensors (also sharded) or pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    try:
+        if (hf_dir / WEIGHTS).is_file():
+            return load_file(str(hf_dir / WEIGHTS))
+        index = hf_dir / "model.safetensors.index.json"
+        if index.is_file():
+            state = {}
+            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+                state.update(load_file(str(hf_dir / shard)))
+            return state
+        if (hf_dir / "pytorch_model.bin").is_file():
+            return torch.load(hf_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as error:
+        raise DataError(f"Cannot read the weights in {hf_dir}: {error}") from None
+    raise DataError(f"{hf_dir} has no model.safetensors (or pytorch_model.bin): not a transformers model directory.")
+
+
+def _normalize_hf_names(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Accept BertModel checkpoints (no 'bert.' prefix) and TF-era LayerNorm gamma/beta names."""
+    base = "albert." if config.type == "albert" else "bert."
+    heads = ("cls.", "predictions.", "sop_classifier.")
+    out = {}
+    for name, tensor in state.items():
+        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if name.startswith(("embeddings.", "encoder.", "pooler.")):
+            name = base + name
+        elif not name.startswith((base,) + heads):
+            continue  # e.g. a fine-tuning classifier
+        out[name] = tensor
+    # Some checkpoints hold the MLM bias only as the (tied) decoder bias.
+    for decoder, bias in (("cls.predictions.decoder.bias", "cls.predictions.bias"),
+                          ("predictions.decoder.bias", "predictions.bias")):
+        if bias not in out and decoder in out:
+            out[bias] = out[decoder]
+    return out
+
+
+def load_hf_state_dict(model, state: dict[str, torch.Tensor], source: str = "the transformers weights") -> list[str]:
+    """Copy transformers-named weights into our model. The encoder must be complete; missing heads
+    (pooler, MLM, sentence) keep their fresh initialization and are returned by name."""
+    from bertrain.model import unwrap
+
+    model = unwrap(model)
+    state = _normalize_hf_names(state, model.config)
+    ours = model.state_dict()
+    new, kept_fresh = {}, []
+    for name, theirs in name_map(model.config):
+        if not all(t in state for t in theirs):
+            if name.startswith(("pooler.", "mlm_head.", "sentence_head.")):
+                kept_fresh.append(name)
+                continue
+            missing = [t for t in theirs if t not in state]
+            raise DataError(f"{source} lack {missing[0]} (and {len(missing) - 1} more of this layer): "
+                            "not a complete BERT/ALBERT checkpoint for this config.")
+        tensor = torch.cat([state[t] for t in theirs], dim=0) if len(theirs) > 1 else state[theirs[0]]
+        if tensor.shape != ours[name].shape:
+            raise DataError(f"{source}: {theirs[0]} has shape {tuple(tensor.shape)} but the model expects "
+                            f"{tuple(ours[name].chunk(len(theirs))[0].shape)}. Do model config and checkpoint agree "
+                            "(vocab_size, hidden_size, layers)?")
+        new[name] = tensor
+    with torch.no_grad():
+        for name, tensor in new.items():
+            ours[name].copy_(tensor)
+    return kept_fresh
+
+
+def import_hf(hf_dir: str | Path):
+    """(model, model_config) from a local transformers BERT/ALBERT directory."""
+    from bertrain.model import build_model
+
+    hf_dir = Path(hf_dir)
+    config = model_config_from_hf(hf_dir)
+    model = build_model(config)
+    load_hf_state_dict(model, read_hf_weights(hf_dir), source=f"The weights in {hf_dir}")
+    model.eval()
+    return model, config
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints, run dirs, tokenizers
+# ----------------------------------------------------------------------------------------------
+
+
+def _latest_complete(run_dir: Path) -> Path | None:
+    candidates = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMPLETE").is_file())
+    return candidates[-1] if candidates else None
+
+
+def _checkpoint_problem(path: Path) -> str | None:
+    try:  # the trainer's own check (COMPLETE marker and checksums)
+        from bertrain.train.checkpoint import verify_checkpoint
+    except ImportError:
+        return None if (path / "COMPLETE").is_file() else "no COMPLETE marker (the save did not finish)"
+    return verify_checkpoint(path)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint dir as given (verified), or a RUN_DIR's newest valid checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist.")
+    if (path / "checkpoints").is_dir():
+        try:
+            from bertrain.train.checkpoint import find_latest_checkpoint
+        except ImportError:
+            find_latest_checkpoint = _latest_complete
+        checkpoint = find_latest_checkpoint(path)
+        if checkpoint is None:
+            raise DataError(f"{path}/checkpoints holds no complete checkpoint yet.")
+        return Path(checkpoint)
+    if (path / WEIGHTS).is_file() and (path / "config.yaml").is_file():
+        problem = _checkpoint_problem(path)
+        if problem:
+            raise DataError(f"Checkpoint {path} is not usable: {problem}. Use an older checkpoint, or the RUN_DIR "
+                            "(its newest valid checkpoint is chosen).")
+        return path
+    raise UsageError(f"{path} is neither a checkpoint dir (model.safetensors + config.yaml), a RUN_DIR "
+                     "(with checkpoints/) nor a transformers model dir (config.json).")
+
+
+def load_checkpoint(path: str | Path):
+    """(model, model_config, checkpoint dir) from a checkpoint dir or a RUN_DIR."""
+    from bertrain.config import load_config
+    from bertrain.model import build_model, load_weights
+
+    checkpoint = resolve_checkpoint(path)
+    config = load_config(checkpoint / "config.yaml").model
+    model = build_model(config)
+    load_weights(model, checkpoint / WEIGHTS)
+    model.eval()
+    return model, config, checkpoint
+
+
+def find_tokenizer_dir(checkpoint: Path | None, tokenizer_dir: str | Path | None = None) -> Path | None:
+    """tokenizer_dir, else <checkpoint>/tokenizer, else RUN_DIR/tokenizer."""
+    if tokenizer_dir is not None:
+        path = Path(tokenizer_dir)
+        if path.is_file():
+            path = path.parent
+        if (path / "tokenizer" / "tokenizer.json").is_file():  # a DATA_DIR or RUN_DIR
+            path = path / "tokenizer"
+        if not (path / "tokenizer.json").is_file():
+            raise DataError(f"Tokenizer dir {path} has no tokenizer.json.")
+        return path
+    if checkpoint is None:
+        return None
+    for candidate in (checkpoint, checkpoint / "tokenizer", checkpoint.parent.parent / "tokenizer"):
+        if (candidate / "tokenizer.json").is_file():
+            return candidate
+    return None
+
+
+def _pad_token_id(tokenizer_dir: Path | None) -> int:
+    if tokenizer_dir is None:
+        return 0
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    for token in ("[PAD]", "<pad>"):
+        if tokenizer.token_to_id(token) is not None:
+            return tokenizer.token_to_id(token)
+    return 0
+
+
+def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
+    """Write a transformers directory (config.json, model.safetensors, tokenizer files) from a model,
+    a checkpoint dir or a RUN_DIR. Returns what was written."""
+    from safetensors.torch import save_file
+
+    from bertrain.model import unwrap
+
+    checkpoint = None
+    if isinstance(checkpoint_or_model, torch.nn.Module):
+        model = unwrap(checkpoint_or_model)
+    else:
+        model, _, checkpoint = load_checkpoint(checkpoint_or_model)
+    tokenizer = find_tokenizer_dir(checkpoint, tokenizer_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = hf_config(model.config, pad_token_id=_pad_token_id(tokenizer))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(to_hf_state_dict(model), str(out / WEIGHTS), metadata={"format": "pt"})
+    copied = []
+    if tokenizer is not None and tokenizer.resolve() != out.resolve():
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copyfile(tokenizer / name, out / name)
+                copied.append(name)
+    return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
+            "architecture": config["architectures"][0], "parameters": model.num_parameters()}
+
+
+def initialize_from(model, path: str | Path) -> str:
+    """`model.init_from`: load a transformers BERT/ALBERT dir, a bertrain checkpoint dir, a RUN_DIR or a
+    model.safetensors file into `model` (shapes must match its config). Returns a one-line description."""
+    from bertrain.model import load_weights, unwrap
+
+    model = unwrap(model)
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"model.init_from: {path} does not exist.")
+    if path.is_file():
+        load_weights(model, path)
+        return f"weights from {path}"
+    if (path / "config.json").is_file():
+        theirs = model_config_from_hf(path)
+        mine = model.config
+        keys = ("type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "hidden_act")
+        if theirs.type == "albert":
+            keys += ("embedding_size", "num_hidden_groups", "inner_group_num")
+        differ = [f"{k}: {getattr(theirs, k)} there, {getattr(mine, k)} here" for k in keys
+                  if getattr(theirs, k) != getattr(mine, k)]
+        if differ:
+            raise ConfigError(f"model.init_from: {path} does not match the model config ({'; '.join(differ)}). "
+                              "Set the model section to the checkpoint's shape.")
+        fresh = load_hf_state_dict(model, read_hf_weights(path), source=f"The weights in {path}")
+        return f"transformers weights from {path}" + (f" (freshly initialized: {', '.join(fresh)})" if fresh else "")
+    checkpoint = resolve_checkpoint(path)
+    load_weights(model, checkpoint / WEIGHTS)
+    return f"bertrain checkpoint {checkpoint}"
+
+
+# ----------------------------------------------------------------------------------------------
+# fill-mask
+# ----------------------------------------------------------------------------------------------
+
+
+def load_for_inference(model_dir: str | Path):
+    """(model in eval mode, tokenizer dir) from an exported transformers dir, a checkpoint dir or a RUN_DIR."""
+    model_dir = Path(model_dir)
+    if (model_dir / "config.json").is_file():
+        model, _ = import_hf(model_dir)
+        tokenizer = find_tokenizer_dir(model_dir)
+    else:
+        model, _, checkpoint = load_checkpoint(model_dir)
+        tokenizer = find_tokenizer_dir(checkpoint)
+    if tokenizer is None:
+        raise DataError(f"No tokenizer.json found for {model_dir} (looked in the dir, its tokenizer/ and "
+                        "RUN_DIR/tokenizer).")
+    return model, tokenizer
+
+
+def _tokenizer_setting(tokenizer_dir: Path, key: str, default: Any) -> Any:
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = tokenizer_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text(encoding="utf-8")).get(key)
+            if value is not None:
+                return value["content"] if isinstance(value, dict) else value
+    return default
+
+
+def _clean_up(text: str) -> str:
+    # transformers' clean_up_tokenization, applied when the tokenizer config asks for it.
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
+@torch.no_grad()
+def fill_mask(model, tokenizer_dir: str | Path, text: str, top_k: int = 5) -> list:
+    """Top-k predictions for the mask token(s) in `text`, as transformers' fill-mask pipeline returns
+    them: [{score, token, token_str, sequence}] (a list of such lists for several masks)."""
+    from tokenizers import Tokenizer
+
+    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    mask_token = _tokenizer_setting(tokenizer_dir, "mask_token", "[MASK]")
+    pad_token = _tokenizer_setting(tokenizer_dir, "pad_token", None)
+    clean = bool(_tokenizer_setting(tokenizer_dir, "clean_up_tokenization_spaces", False))
+    mask_id = tokenizer.token_to_id(mask_token)
+    if mask_id is None:
+        raise DataError(f"The tokenizer in {tokenizer_dir} has no mask token {mask_token!r}.")
+    pad_id = tokenizer.token_to_id(pad_token) if pad_token else None
+    encoding = tokenizer.encode(text)
+    ids = torch.tensor([encoding.ids])
+    masked = (ids[0] == mask_id).nonzero().squeeze(-1)
+    if masked.numel() == 0:
+        raise UsageError(f"No {mask_token} in the text: write the word to predict as {mask_token}.")
+    if ids.shape[1] > model.config.max_position_embeddings:
+        raise UsageError(f"The text is {ids.shape[1]} tokens long; the model takes at most "
+                         f"{model.config.max_position_embeddings}.")
+    model.eval()
+    output = model(ids, torch.tensor([encoding.attention_mask]), torch.tensor([encoding.type_ids]))
+    probs = output.mlm_logits[0, masked].float().softmax(dim=-1)  # [masks, V]
+    values, predictions = probs.topk(min(top_k, probs.shape[-1]))
+    single = masked.numel() == 1
+    results = []
+    for i, (row_values, row_predictions) in enumerate(zip(values.tolist(), predictions.tolist())):
+        row = []
+        for score, token in zip(row_values, row_predictions):
+            filled = ids[0].clone()
+            filled[masked[i]] = token
+            if pad_id is not None:
+                filled = filled[filled != pad_id]
+            sequence = tokenizer.decode(filled.tolist(), skip_special_tokens=single)
+            token_str = tokenizer.decode([token], skip_special_tokens=False)
+            if clean:
+                sequence, token_str = _clean_up(sequence), _clean_up(token_str)
+            row.append({"score": score, "token": token, "token_str": token_str, "sequence": sequence})
+        results.append(row)
+    return results[0] if single else results

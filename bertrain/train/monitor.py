@@ -1,0 +1,162 @@
+"""Where training metrics go: a rich live progress line, RUN_DIR/metrics.jsonl, and wandb.
+
+Only rank 0 builds a Monitor; the other ranks get `NullMonitor`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from bertrain.config import Config, LoggingConfig, to_dict
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Every record of RUN_DIR/metrics.jsonl (train and eval)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
+    """Drop records after `last_step` (written after the checkpoint we resume from). Returns how many."""
+    path = Path(run_dir) / METRICS_FILE
+    records = read_metrics(run_dir)
+    kept = [r for r in records if r.get("step", 0) <= last_step]
+    if len(kept) != len(records):
+        tmp = path.with_name(METRICS_FILE + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+    return len(records) - len(kept)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value or math.isinf(value):
+            return str(value)
+        return f"{value:.3g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.4f}"
+    return str(value)
+
+
+class NullMonitor:
+    """What non-zero ranks use: every call does nothing."""
+
+    def start(self, *args: Any, **kwargs: Any) -> None: ...
+    def log(self, *args: Any, **kwargs: Any) -> None: ...
+    def advance(self, *args: Any, **kwargs: Any) -> None: ...
+    def message(self, *args: Any, **kwargs: Any) -> None: ...
+    def warn(self, *args: Any, **kwargs: Any) -> None: ...
+    def close(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+class Monitor(NullMonitor):
+    """Rank 0's progress line, metrics file and wandb run."""
+
+    def __init__(self, run_dir: Path, config: Config, console: Console) -> None:
+        self.run_dir, self.config, self.console = Path(run_dir), config, console
+        self.metrics_path = self.run_dir / METRICS_FILE
+        self.progress: Progress | None = None
+        self.task = None
+        self.wandb_run = None
+        self.last: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] = {}
+        self.live = console.is_terminal
+
+    def start(self, start_step: int, total_steps: int) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.wandb_run = init_wandb(self.config.logging, self.run_dir, to_dict(self.config), self.warn)
+        if self.live:
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[metrics]}"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False)
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, metrics="")
+
+    def advance(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one record (train or eval) to metrics.jsonl, wandb and the progress line."""
+        record = dict(record, time=time.time())
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        kind = record.get("kind", "train")
+        if kind == "eval":
+            self.last_eval = record
+        else:
+            self.last = record
+        if self.wandb_run is not None:
+            prefix = "eval/" if kind == "eval" else "train/"
+            self.wandb_run.log({prefix + k: v for k, v in record.items() if k not in ("step", "kind", "time")},
+                               step=record["step"])
+        keys = ("loss", "mlm_accuracy", "lr", "tokens_per_s") if kind == "train" else (
+            "mlm_loss", "mlm_accuracy", "sentence_accuracy")
+        text = " ".join(f"{k}={_short(record[k])}" for k in keys if record.get(k) is not None)
+        if self.progress is not None and kind == "train":
+            self.progress.update(self.task, metrics=text)
+        elif self.progress is not None:
+            self.progress.console.print(f"eval step {record['step']}: {text}", highlight=False)
+        else:  # not a terminal (job logs): one line per record
+            self.console.print(f"{kind} step {record['step']}: {text}", highlight=False)
+
+    def message(self, text: str) -> None:
+        (self.progress.console if self.progress is not None else self.console).print(text, highlight=False)
+
+    def warn(self, text: str) -> None:
+        self.message(f"[yellow]Warning:[/] {text}")
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.wandb_run is not None:
+            if summary:
+                for key, value in summary.items():
+                    self.wandb_run.summary[key] = value
+            self.wandb_run.finish()
+            self.wandb_run = None
+        if summary:
+            table = Table(title="pretrain summary")
+            table.add_column("", style="cyan")
+            table.add_column("value", style="green", justify="right")
+            for key, value in summary.items():
+                table.add_row(key, _short(value))
+            self.console.print(table)
+
+
+def init_wandb(config: LoggingConfig, run_dir: Path, tree: dict, warn) -> Any:
+    """A wandb run, or None when logging.wandb is off. Online without network falls back to offline."""
+    if config.wandb == "off":
+        return None
+    import wandb
+
+    id_file = run_dir / "wandb_id.txt"
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+    id_file.write_text(run_id)
+    common = dict(project=config.wandb_project, name=config.wandb_run_name or run_dir.resolve().name,
+                  dir=str(run_dir), config=tree, id=run_id, resume="allow")
+    mode = os.environ.get("WANDB_MODE", config.wandb) if config.wandb == "online" else config.wandb
+    if mode == "online":
+        try:
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=config.wandb_init_timeout), **common)
+        except Exception as error:  # no network, bad key, server down: keep training, log offline
+            warn(f"wandb online init failed ({type(error).__name__}: {str(error)[:200]}); logging offline "
+                 f"to {run_dir}/wandb instead (upload later with `wandb sync`).")
+            mode = "offline"
+            with contextlib.suppress(Exception):
+                wandb.teardown()  # the failed run's id stays registered in the wandb service otherwise
+    return wandb.init(mode=mode, **common)

@@ -1,0 +1,138 @@
+"""Parameter groups, AdamW / LAMB, and learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from bertrain.config import OptimConfig
+from bertrain.errors import ConfigError
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decay on weight matrices and embeddings, none on every bias and LayerNorm parameter.
+
+    Each parameter object appears once (tied weights are shared tensors); every group entry
+    carries `names` so tests and logs can see which parameter went where.
+    """
+    decay, no_decay = {}, {}
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            full_name = f"{module_name}.{name}" if module_name else name
+            if isinstance(module, torch.nn.LayerNorm) or name == "bias" or name.endswith("_bias"):
+                no_decay[full_name] = param
+            else:
+                decay[full_name] = param
+    return [
+        {"params": list(decay.values()), "names": list(decay), "weight_decay": weight_decay},
+        {"params": list(no_decay.values()), "names": list(no_decay), "weight_decay": 0.0},
+    ]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., 2019): Adam's update rescaled per tensor by ||w|| / ||update|| (trust ratio).
+
+    update = m̂ / (sqrt(v̂) + eps) + weight_decay * w;  w -= lr * trust_ratio * update,
+    trust_ratio = ||w|| / ||update|| when both norms are positive, else 1.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad.float()
+                state = self.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+                state["step"] += 1
+                step = state["step"].item()
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                m_hat = exp_avg / (1 - beta1 ** step)
+                v_hat = exp_avg_sq / (1 - beta2 ** step)
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(param.float(), alpha=group["weight_decay"])
+                weight_norm = param.float().norm()
+                update_norm = update.norm()
+                trust_ratio = torch.where((weight_norm > 0) & (update_norm > 0),
+                                          weight_norm / update_norm, torch.ones_like(weight_norm))
+                param.add_((update * trust_ratio).to(param.dtype), alpha=-group["lr"])
+        return loss
+
+
+def fused_supported(device: torch.device) -> bool:
+    """Whether torch's fused AdamW runs on this device (CPU since torch 2.4, CUDA, MPS...)."""
+    try:
+        probe = torch.zeros(1, device=device, requires_grad=True)
+        optimizer = torch.optim.AdamW([probe], fused=True)
+        probe.grad = torch.zeros_like(probe)
+        optimizer.step()
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
+    """AdamW (fused where the device supports it, else foreach) or LAMB over `parameter_groups`."""
+    groups = [{k: v for k, v in group.items() if k != "names"} for group in parameter_groups(model, config.weight_decay)]
+    betas = (float(config.betas[0]), float(config.betas[1]))
+    if config.name == "lamb":
+        return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps)
+    if config.name == "adamw":
+        device = device or next(model.parameters()).device
+        speed = {"fused": True} if fused_supported(device) else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, **speed)
+    raise ConfigError(f"Config key 'optim.name': unknown optimizer {config.name!r} (adamw or lamb).")
+
+
+def warmup_steps_for(config: OptimConfig, total_steps: int) -> int:
+    """Warmup length in steps: `warmup_fraction` of the total when set, else `warmup_steps`."""
+    if config.warmup_fraction is not None:
+        return int(round(config.warmup_fraction * total_steps))
+    return config.warmup_steps
+
+
+class LRSchedule:
+    """Multiplier of the peak lr after `step` optimizer steps: linear warmup, then linear/cosine/constant."""
+
+    def __init__(self, schedule: str, warmup_steps: int, total_steps: int) -> None:
+        if schedule not in ("linear", "cosine", "constant"):
+            raise ConfigError(f"Config key 'optim.schedule': unknown schedule {schedule!r}.")
+        self.schedule, self.warmup_steps, self.total_steps = schedule, warmup_steps, max(total_steps, 1)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return step / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+        progress = min(max(progress, 0.0), 1.0)
+        if self.schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR stepped once per optimizer step (lr of step s+1 is peak * multiplier(s))."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, LRSchedule(config.schedule, warmup_steps_for(config, total_steps), total_steps))

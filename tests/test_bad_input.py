@@ -1,0 +1,133 @@
+"""Bad input never crashes and is never dropped silently: a named error, or a counted skip.
+
+Every test that prepares data checks the identity documents read = written + each skip reason.
+"""
+
+import gzip
+import json
+
+import pytest
+
+from bertrain.config import PrepareConfig, Recipe, SourceConfig, TokenizerConfig
+from bertrain.data.prepare import DOCUMENT_SKIPS, prepare_corpus
+from bertrain.errors import DataError, UsageError
+
+GOOD = "".join(f"Sentence number {i} is fine.\nAnother sentence {i} follows here.\n\n" for i in range(30))
+
+
+def run(tmp_path, *paths, **prepare_keys):
+    sources = [SourceConfig(path=str(p)) for p in paths]
+    recipe = Recipe(prepare=PrepareConfig(sources=sources, num_shards=1, validation_fraction=0.0, workers=1,
+                                          **prepare_keys), tokenizer=TokenizerConfig(vocab_size=200))
+    manifest = prepare_corpus(recipe, tmp_path / "data")
+    counts = manifest["counts"]
+    skips = sum(counts.get(reason, 0) for reason in DOCUMENT_SKIPS)
+    assert counts["documents_read"] == counts["documents_written"] + skips
+    return manifest
+
+
+def test_missing_path_and_empty_glob_are_named(tmp_path, run_cli):
+    with pytest.raises(DataError, match="nowhere/corpus.txt' does not exist"):
+        run(tmp_path, tmp_path / "nowhere" / "corpus.txt")
+    with pytest.raises(DataError, match=r"glob '.*\*\.jsonl' matched no files"):
+        run(tmp_path, tmp_path / "*.jsonl")
+    code, _, err = run_cli("prepare", "--source", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "d"))
+    assert code == 1 and "missing.txt" in err and "Traceback" not in err
+    code, _, err = run_cli("prepare", "--out", str(tmp_path / "d"))
+    assert code == 2 and "--source" in err
+    code, _, err = run_cli("prepare", "--source", "x", "--out", str(tmp_path / "d"), "--set", "prepare.workerz=2")
+    assert code == 2 and "workers" in err
+
+
+def invalid_utf8_file(tmp_path):
+    path = tmp_path / "bad.txt"
+    head = GOOD.encode() + "Line one is good.\nCafé au lait.\n".encode()
+    path.write_bytes(head + b"Broken \xff byte here.\nLast line.\n")
+    return path, GOOD.count("\n") + 3, len(head) + len(b"Broken ")
+
+
+def test_invalid_utf8_error_names_file_line_and_byte(tmp_path):
+    path, line, offset = invalid_utf8_file(tmp_path)
+    with pytest.raises(DataError, match=f"bad.txt: invalid UTF-8 at line {line}, byte offset {offset} "):
+        run(tmp_path, path)
+
+
+def test_invalid_utf8_in_compressed_jsonl_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl.gz"
+    with gzip.open(path, "wb") as handle:
+        handle.write(b'{"text": "fine."}\n{"text": "bad \xc3\x28"}\n')
+    with pytest.raises(DataError, match="bad.jsonl.gz: invalid UTF-8 at line 2, byte offset 32 "):
+        run(tmp_path, path)
+
+
+@pytest.mark.parametrize("mode", ["replace", "skip"])
+def test_invalid_utf8_replace_or_skip_is_counted(tmp_path, mode):
+    path, _, _ = invalid_utf8_file(tmp_path)
+    counts = run(tmp_path, path, on_decode_error=mode)["counts"]
+    assert counts[f"lines_decode_{'replaced' if mode == 'replace' else 'skipped'}"] == 1
+    # 30 two-sentence documents, then one of "Line one", "Café", ("Broken" when replaced), "Last line"
+    assert counts["documents_written"] == 31
+    assert counts["sentences_written"] == 60 + (4 if mode == "replace" else 3)
+
+
+def test_binary_and_empty_files_are_skipped_counted_and_named(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "good.txt").write_text(GOOD)
+    (tmp_path / "src" / "image.txt").write_bytes(b"GIF89a\x00\x01\x02" + bytes(range(256)) * 4)
+    (tmp_path / "src" / "empty.txt").write_bytes(b"")
+    (tmp_path / "src" / "blank.txt").write_text("\n  \n\t\n")
+    (tmp_path / "src" / "records.jsonl").write_text('{"text": ""}\n{"text": "  \\n "}\n{"text": "Kept, too."}\n')
+    manifest = run(tmp_path, tmp_path / "src")
+    counts = manifest["counts"]
+    assert counts["files_skipped_binary"] == 1 and counts["files_empty"] == 1
+    assert {"path": str(tmp_path / "src" / "image.txt"), "reason": "binary"} in manifest["skipped_files"]
+    assert counts["documents_empty"] == 3  # blank.txt and two empty records
+    assert counts["documents_read"] == 30 + 1 + 3 and counts["documents_written"] == 31
+
+
+def test_long_lines_are_split_and_counted(tmp_path):
+    path = tmp_path / "long.txt"
+    long_line = "word " * 40  # 200 characters, no sentence end
+    path.write_text(GOOD + long_line + "\n")
+    counts = run(tmp_path, path, max_line_chars=64)["counts"]
+    assert counts["lines_split_long"] == 1
+    assert counts["sentences_written"] == 60 + 4  # 200 characters -> 4 pieces of <= 64
+    records = tmp_path / "long.jsonl"
+    records.write_text(json.dumps({"text": "x" * 150}) + "\n" + json.dumps({"text": "Short one."}) + "\n")
+    counts = run(tmp_path, records, max_line_chars=64)["counts"]
+    assert counts["sentences_split_long"] == 1 and counts["sentences_written"] == 3 + 1
+
+
+def test_bad_records_error_or_skip(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"text": "Good record here."}\n{"body": "no text field"}\n{"text": 42}\n{not json\n'
+                    '{"text": "Another good one."}\n')
+    with pytest.raises(DataError, match=r"records.jsonl:2: record has no 'text' field.*on_bad_record=skip"):
+        run(tmp_path, path)
+    path.write_text('{"text": "Good record here."}\n{"text": 42}\n')
+    with pytest.raises(DataError, match=r"records.jsonl:2: record has a non-string \(int\) 'text' field"):
+        run(tmp_path, path)
+    path.write_text('{"text": "Good record here."}\n{"body": "no text field"}\n{"text": 42}\n{not json\n'
+                    '{"text": "Another good one."}\n')
+    counts = run(tmp_path, path, on_bad_record="skip")["counts"]
+    assert counts["documents_bad_record"] == 3 and counts["documents_read"] == 5 and counts["documents_written"] == 2
+
+
+def test_parquet_without_the_text_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": ["a", "b"]}), tmp_path / "t.parquet")
+    with pytest.raises(DataError, match=r"t.parquet: no column 'text' \(columns: content\)"):
+        run(tmp_path, tmp_path / "t.parquet")
+
+
+def test_nothing_left_and_foreign_out_dir(tmp_path):
+    (tmp_path / "blank.jsonl").write_text('{"text": " "}\n')
+    with pytest.raises(DataError, match=r"No training documents left after reading 1 documents \(empty: 1"):
+        run(tmp_path, tmp_path / "blank.jsonl")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    recipe = Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(tmp_path / "blank.jsonl"))]))
+    with pytest.raises(UsageError, match="not a bertrain DATA_DIR"):
+        prepare_corpus(recipe, tmp_path / "mine")

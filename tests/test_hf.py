@@ -1,0 +1,241 @@
+"""Hugging Face interop: export, import, init_from, fill-mask and inspect-model against transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from bertrain.config import Config, DataConfig, ModelConfig, dump_yaml, load_config
+from bertrain.errors import ConfigError
+from bertrain.model import build_model, initialize_from, save_weights
+from bertrain.model.hf import export_hf, fill_mask, import_hf, load_for_inference
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+SPECIALS = {"wordpiece": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+            "unigram": ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]}
+
+
+def build_tokenizer(kind: str, text: str, out_dir) -> int:
+    """A small WordPiece or Unigram tokenizer (special ids pad=0 … mask=4) saved with transformers'
+    wrapper files; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    specials = SPECIALS[kind]
+    if kind == "wordpiece":
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials)
+    else:
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(), pre_tokenizers.Metaspace()])
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=400, special_tokens=specials, unk_token="<unk>")
+    tokenizer.train_from_iterator(text.splitlines(), trainer)
+    assert [tokenizer.token_to_id(t) for t in specials] == [0, 1, 2, 3, 4]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    wrapped = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=specials[0], unk_token=specials[1], cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+    wrapped.save_pretrained(out_dir)
+    return tokenizer.get_vocab_size()
+
+
+def tiny_config(kind: str, vocab: int) -> ModelConfig:
+    if kind == "albert":
+        return ModelConfig(type="albert", vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                           num_hidden_groups=2, inner_group_num=2, num_attention_heads=4, intermediate_size=64,
+                           max_position_embeddings=64, hidden_act="gelu_new")
+    return ModelConfig(type="bert", vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, max_position_embeddings=64)
+
+
+def spread_(model, seed: int) -> None:
+    """Larger random weights than the initialization, so top-k predictions are well separated."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+@pytest.fixture(scope="module", params=["bert", "albert"])
+def exported(request, tmp_path_factory, pydoc_text):
+    """(kind, model, tokenizer dir, export dir, run dir) for a tiny random model with its tokenizer."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(kind)
+    vocab = build_tokenizer("wordpiece" if kind == "bert" else "unigram", pydoc_text[:300_000], root / "run" / "tokenizer")
+    torch.manual_seed(0)
+    model = build_model(tiny_config(kind, vocab))
+    spread_(model, seed=1)
+    model.eval()
+    # A RUN_DIR as the trainer writes it: an older complete checkpoint and a newer interrupted one.
+    config = Config(data=DataConfig(max_seq_length=64), model=model.config)
+    for step, complete in ((5, True), (10, False)):
+        write_checkpoint(root / "run", step, model if complete else build_model(model.config), config, complete)
+    export_hf(model, root / "hf", tokenizer_dir=root / "run" / "tokenizer")
+    return kind, model, root / "run" / "tokenizer", root / "hf", root / "run"
+
+
+def write_checkpoint(run_dir, step, model, config, complete: bool) -> None:
+    """A checkpoint as the trainer writes it (its own atomic save when available)."""
+    try:
+        from bertrain.train.checkpoint import begin_save, finish_save
+    except ImportError:
+        begin_save = finish_save = None
+    if begin_save is None:
+        directory = run_dir / "checkpoints" / f"step-{step:08d}"
+        directory.mkdir(parents=True)
+    else:
+        directory = begin_save(run_dir, step)
+    save_weights(model, directory / "model.safetensors")
+    (directory / "config.yaml").write_text(dump_yaml(config))
+    if not complete:
+        directory.rename(run_dir / "checkpoints" / f"step-{step:08d}")  # as if killed before COMPLETE
+    elif finish_save is None:
+        (directory / "COMPLETE").write_text("")
+    else:
+        finish_save(directory)
+
+
+TEXTS = ["the [MASK] statement is used to define a function.", "a [MASK] of objects, 42 in all."]
+
+
+def test_export_loads_in_transformers_auto_classes(exported):
+    kind, model, _, hf_dir, _ = exported
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    assert config.model_type == kind and config.architectures == [f"{kind.capitalize()}ForPreTraining"]
+    heads = {"bert": ("cls.", "bert.pooler."), "albert": ("predictions.", "sop_classifier.", "albert.pooler")}[kind]
+    for auto in (transformers.AutoModelForPreTraining, transformers.AutoModelForMaskedLM,
+                 transformers.AutoModelForSequenceClassification, transformers.AutoModel):
+        loaded, info = transformers.AutoModelForPreTraining.from_pretrained(hf_dir, output_loading_info=True) \
+            if auto is transformers.AutoModelForPreTraining else auto.from_pretrained(hf_dir, output_loading_info=True)
+        expected_missing = {"classifier.weight", "classifier.bias"} \
+            if auto is transformers.AutoModelForSequenceClassification else set()
+        assert set(info["missing_keys"]) == expected_missing, (auto, info)
+        assert not info["mismatched_keys"] and not info["error_msgs"]
+        # Only the pretraining heads this class has no use for are left over (as with Google's checkpoints).
+        assert all(key.startswith(heads) for key in info["unexpected_keys"]), (auto, info)
+        if auto is transformers.AutoModelForPreTraining:
+            assert not info["unexpected_keys"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    assert tokenizer.mask_token == "[MASK]" and tokenizer.mask_token_id == 4 and tokenizer.pad_token_id == 0
+    # The tied decoder is left out of the file, as transformers does.
+    from safetensors import safe_open
+
+    with safe_open(str(hf_dir / "model.safetensors"), "pt") as handle:
+        assert not [k for k in handle.keys() if "decoder" in k]
+
+
+def test_fill_mask_equals_the_transformers_pipeline(exported):
+    kind, model, tokenizer_dir, hf_dir, _ = exported
+    pipe = transformers.pipeline("fill-mask", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
+    for text in TEXTS:
+        theirs = pipe(text, top_k=5)
+        for source in (model, import_hf(hf_dir)[0]):
+            ours = fill_mask(source, hf_dir, text, top_k=5)
+            assert [r["token"] for r in ours] == [r["token"] for r in theirs]
+            assert [r["token_str"] for r in ours] == [r["token_str"] for r in theirs]
+            assert [r["sequence"] for r in ours] == [r["sequence"] for r in theirs]
+            assert [r["score"] for r in ours] == pytest.approx([r["score"] for r in theirs], abs=1e-5)
+
+
+def test_export_of_a_run_dir_takes_the_newest_complete_checkpoint(exported, tmp_path, run_cli):
+    kind, model, _, _, run_dir = exported
+    code, out, err = run_cli("export", str(run_dir), str(tmp_path / "out"))
+    assert code == 0, err
+    assert "step-00000005" in out and "tokenizer.json" in out
+    theirs = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "out").eval()
+    ids = torch.tensor([[2, 7, 4, 9, 11, 3]])
+    with torch.no_grad():
+        reference = theirs(input_ids=ids).prediction_logits
+        ours = model(ids).mlm_logits
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out").mask_token_id == 4
+
+
+def test_fill_mask_command_on_a_run_dir_and_a_checkpoint(exported, run_cli):
+    kind, model, tokenizer_dir, _, run_dir = exported
+    expected = fill_mask(model, tokenizer_dir, TEXTS[0], top_k=3)
+    for target in (run_dir, run_dir / "checkpoints" / "step-00000005"):
+        code, out, err = run_cli("fill-mask", str(target), TEXTS[0], "--top-k", "3")
+        assert code == 0, err
+        for row in expected:
+            assert f"{row['score']:.4f}" in out
+    code, out, err = run_cli("fill-mask", str(run_dir / "checkpoints" / "step-00000010"), TEXTS[0])
+    assert code == 1 and "COMPLETE" in err
+    code, out, err = run_cli("fill-mask", str(run_dir), "no mask here")
+    assert code == 2 and "[MASK]" in err
+
+
+def test_init_from_a_transformers_dir_and_a_checkpoint(exported, tmp_path):
+    kind, model, _, hf_dir, run_dir = exported
+    ids = torch.tensor([[2, 7, 4, 9, 11, 3, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    with torch.no_grad():
+        expected = model(ids, mask).mlm_logits
+    for source in (hf_dir, run_dir, run_dir / "checkpoints" / "step-00000005"):
+        fresh = build_model(model.config).eval()
+        description = initialize_from(fresh, source)
+        assert str(source) in description
+        with torch.no_grad():
+            torch.testing.assert_close(fresh(ids, mask).mlm_logits, expected, atol=1e-5, rtol=0)
+    wrong = build_model(dataclasses.replace(model.config, hidden_size=64, num_attention_heads=4))
+    with pytest.raises(ConfigError, match="hidden_size"):
+        initialize_from(wrong, hf_dir)
+
+
+def test_init_from_an_encoder_only_checkpoint_keeps_fresh_heads(tmp_path):
+    config = tiny_config("bert", 120)
+    from bertrain.model.hf import hf_config
+
+    values = {k: v for k, v in hf_config(config).items() if k != "model_type"}
+    encoder = transformers.BertModel(transformers.BertConfig(**values), add_pooling_layer=False).eval()
+    encoder.save_pretrained(tmp_path)
+    model = build_model(config).eval()
+    head_before = model.mlm_head.dense.weight.clone()
+    description = initialize_from(model, tmp_path)
+    assert "pooler.weight" in description and "mlm_head.dense.weight" in description
+    assert torch.equal(model.mlm_head.dense.weight, head_before)
+    ids = torch.tensor([[2, 5, 6, 7, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(ids, None, torch.zeros_like(ids)),
+                                   encoder(input_ids=ids).last_hidden_state, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["bert_base", "bert_large", "albert_base", "albert_large"])
+def test_inspect_model_total_equals_transformers_count(run_cli, name):
+    from bertrain.model.hf import hf_config
+
+    code, out, err = run_cli("inspect-model", name)
+    assert code == 0, err
+    total = int(re.search(r"Total parameters: ([\d,]+)", out).group(1).replace(",", ""))
+    config = load_config(name).model
+    config = dataclasses.replace(config, vocab_size=30000 if config.type == "albert" else 30522)
+    values = {k: v for k, v in hf_config(config).items() if k != "model_type"}
+    config_cls = transformers.AlbertConfig if config.type == "albert" else transformers.BertConfig
+    model_cls = transformers.AlbertForPreTraining if config.type == "albert" else transformers.BertForPreTraining
+    with torch.device("meta"):  # parameter shapes only
+        reference = model_cls(config_cls(**values))
+    assert total == reference.num_parameters() == sum(p.numel() for p in reference.parameters())
+    published = {"bert_base": "110M", "bert_large": "340M", "albert_base": "12M", "albert_large": "18M"}[name]
+    assert f"published" in out and published in out
+    code, out, _ = run_cli("inspect-model", name, "--vocab-size", "1000")
+    smaller = int(re.search(r"Total parameters: ([\d,]+)", out).group(1).replace(",", ""))
+    embedding = config.embedding_size if config.type == "albert" else config.hidden_size
+    assert total - smaller == (config.vocab_size - 1000) * (embedding + 1)  # embedding rows + MLM bias
+
+
+def test_load_for_inference_refuses_a_dir_that_is_not_a_model(tmp_path, run_cli):
+    code, out, err = run_cli("fill-mask", str(tmp_path), "a [MASK]")
+    assert code == 2 and "neither a checkpoint" in " ".join(err.split())
+    code, out, err = run_cli("export", str(tmp_path / "missing"), str(tmp_path / "out"))
+    assert code == 2 and "does not exist" in " ".join(err.split())

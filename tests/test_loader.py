@@ -1,0 +1,182 @@
+"""Loaders: determinism across workers, O(1) resume, rank sharding, validation, `inspect --pairs`."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from bertrain.config import DataConfig, load_config
+from bertrain.data import loader as loader_module
+from bertrain.data.format import open_prepared
+from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches
+from bertrain.errors import UsageError
+from tests.helpers_data import make_prepared_dir
+
+FIELDS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return open_prepared(make_prepared_dir(tmp_path_factory.mktemp("loader") / "data", kind="unigram",
+                                           num_documents=120, seed=2, max_paragraphs=1500))
+
+
+def config(**changes) -> DataConfig:
+    return DataConfig(**{"objective": "sop", "max_seq_length": 64, "masking": "ngram", **changes})
+
+
+def train_batches(prepared, data_config, *, micro_batch_size=8, rank=0, world_size=1, start=0, epoch=0, seed=3):
+    return list(build_train_loader(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
+                                   rank=rank, world_size=world_size, start_micro_batch=start))
+
+
+def assert_same_batches(left, right):
+    assert len(left) == len(right)
+    for a, b in zip(left, right):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+def rows(batch) -> list[tuple]:
+    """Each instance's unpadded content (padding width depends on the micro-batch, content must not)."""
+    out = []
+    for i in range(len(batch["input_ids"])):
+        length = int(batch["attention_mask"][i].sum())
+        out.append(tuple(tuple(batch[k][i, :length].tolist()) for k in FIELDS)
+                   + (int(batch["sentence_label"][i]) if "sentence_label" in batch else None,))
+    return out
+
+
+def test_batch_fields_types_and_padding(prepared):
+    batch = train_batches(prepared, config(), micro_batch_size=8)[0]
+    assert set(batch) == {*FIELDS, "sentence_label"}
+    assert all(t.dtype == torch.int64 for t in batch.values())
+    width = batch["input_ids"].shape[1]
+    assert width % 8 == 0 and width <= 64
+    assert width - 8 < int(batch["attention_mask"].sum(1).max()) <= width
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+    none = train_batches(prepared, config(objective="none"), micro_batch_size=8)[0]
+    assert "sentence_label" not in none and (none["token_type_ids"] == 0).all()
+
+
+@pytest.mark.multiprocess
+def test_same_batches_with_0_1_and_2_workers(prepared):
+    reference = train_batches(prepared, config(), micro_batch_size=16)[:6]
+    for workers in (1, 2):
+        loader = build_train_loader(prepared, config(num_workers=workers), seed=3, epoch=0, micro_batch_size=16,
+                                    rank=0, world_size=1)
+        loader.stop = 6                                     # the first six micro-batches are enough
+        assert_same_batches(reference, list(loader))
+
+
+def test_loader_started_at_step_k_equals_the_uninterrupted_tail(prepared):
+    full = train_batches(prepared, config(), micro_batch_size=8)
+    assert len(full) > 20
+    for k in (1, 7, len(full) - 1, len(full)):
+        assert_same_batches(full[k:], train_batches(prepared, config(), micro_batch_size=8, start=k))
+    with pytest.raises(UsageError):
+        train_batches(prepared, config(), micro_batch_size=8, start=len(full) + 1)
+
+
+def test_resume_does_not_touch_consumed_batches(prepared, monkeypatch):
+    built = []
+    original = loader_module.MicroBatchDataset.__getitem__
+    monkeypatch.setattr(loader_module.MicroBatchDataset, "__getitem__",
+                        lambda self, m: built.append(m) or original(self, m))
+    loader = build_train_loader(prepared, config(), seed=3, epoch=0, micro_batch_size=8, rank=0, world_size=1,
+                                start_micro_batch=30)
+    next(iter(loader))
+    assert built == [30]
+
+
+def test_two_ranks_cover_what_one_rank_covers(prepared):
+    data_config = config(objective="nsp", masking="whole_word")
+    one = train_batches(prepared, data_config, micro_batch_size=8, world_size=1, epoch=1)
+    two = [train_batches(prepared, data_config, micro_batch_size=4, rank=r, world_size=2, epoch=1) for r in (0, 1)]
+    counts = {len(one), len(two[0]), len(two[1])}
+    assert len(counts) == 1                                  # equal counts on every rank
+    assert num_micro_batches(prepared, data_config, seed=3, epoch=1, micro_batch_size=4, world_size=2) == len(one)
+    for single, first, second in zip(one, *two):
+        assert rows(single) == rows(first) + rows(second)    # 2 ranks x B == 1 rank x 2B, masks included
+
+
+def test_rank_shards_are_disjoint_complete_and_drop_only_the_tail(prepared):
+    data_config = config()
+    plan = loader_module.epoch_plan(prepared, data_config, seed=3, epoch=0)
+    for world_size in (1, 2, 3):
+        micro = 5
+        count = num_micro_batches(prepared, data_config, seed=3, epoch=0, micro_batch_size=micro, world_size=world_size)
+        global_batch = micro * world_size
+        assert count * global_batch <= len(plan) < (count + 1) * global_batch
+        seen = []
+        for rank in range(world_size):
+            loader = build_train_loader(prepared, data_config, seed=3, epoch=0, micro_batch_size=micro, rank=rank,
+                                        world_size=world_size)
+            assert len(loader) == count
+            seen += [p for m in range(count) for p in loader.dataset.positions(m).tolist()]
+        assert sorted(seen) == list(range(count * global_batch))
+
+
+def test_epochs_differ_and_repeat_exactly(prepared):
+    first = train_batches(prepared, config(), epoch=0)[:3]
+    loader_module._plans.clear()                             # a fresh process would rebuild the plan
+    again = train_batches(prepared, config(), epoch=0)[:3]
+    assert_same_batches(first, again)
+    other = train_batches(prepared, config(), epoch=1)[:3]
+    assert rows(other[0]) != rows(first[0])
+
+
+def test_validation_loader_has_fixed_masks_and_uses_the_validation_split(prepared):
+    data_config = config(objective="nsp")
+    def run():
+        return list(build_validation_loader(prepared, data_config, seed=3, micro_batch_size=4, rank=0, world_size=1,
+                                            max_batches=3))
+    first = run()
+    train_batches(prepared, data_config, epoch=2)           # training in between changes nothing
+    assert len(first) == 3
+    assert_same_batches(first, run())
+    plan = loader_module.epoch_plan(prepared, data_config, seed=3, epoch=0, split="validation")
+    validation_tokens = prepared.split("validation").num_tokens
+    assert (plan.a_start + plan.a_length <= validation_tokens).all()
+    everything = build_validation_loader(prepared, data_config, seed=3, micro_batch_size=4, rank=0, world_size=1,
+                                         max_batches=None)
+    assert len(everything) == len(plan) // 4
+
+
+def test_inspect_pairs_prints_instances_and_realized_statistics(prepared):
+    from rich.console import Console
+
+    from bertrain.data.inspect_pairs import show_pairs
+
+    full = load_config("tiny_albert", ["train.batch_size=16"])
+    out = io.StringIO()
+    stats = show_pairs(prepared.path, full, 4, Console(file=out, width=120))
+    text = out.getvalue()
+    assert "[MASK]" in text and "[SEP]" in text and "SOP positive fraction" in text
+    assert stats["instances"] == 64
+    assert 0.05 < stats["masked_fraction_of_eligible"] < 0.25
+    assert 0.6 < stats["mask_share"] < 0.95
+    assert 0.0 <= stats["padding_fraction"] < 0.5
+    np.testing.assert_allclose(stats["mask_share"] + stats["random_share"] + stats["unchanged_share"], 1.0)
+
+
+def test_inspect_pairs_through_the_cli(prepared, run_cli, tmp_path):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("data:\n  objective: nsp\n  max_seq_length: 64\n  masking: whole_word\n"
+                           "train:\n  batch_size: 8\n")
+    code, out, err = run_cli("inspect", str(prepared.path), "--pairs", "--config", str(config_file), "--batches", "2")
+    assert code == 0, err
+    assert "NSP positive fraction" in out and "[MASK]" in out
+
+
+def test_dataset_pickles_without_its_token_arrays(prepared):
+    import pickle
+
+    loader = build_train_loader(prepared, config(), seed=3, epoch=0, micro_batch_size=8, rank=0, world_size=1)
+    blob = pickle.dumps(loader.dataset)                     # what a spawn/forkserver worker receives
+    assert len(blob) < 64 * len(loader.dataset.plan) + 200_000
+    assert_same_batches([loader.dataset[5]], [pickle.loads(blob)[5]])

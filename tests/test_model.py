@@ -1,0 +1,304 @@
+"""bertrain's BERT and ALBERT against transformers' BertForPreTraining / AlbertForPreTraining."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from bertrain.config import ModelConfig
+from bertrain.errors import ConfigError, DataError
+from bertrain.model import build_model, load_weights, save_weights
+from bertrain.model.hf import export_hf, import_hf
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+VOCAB = 211
+CONFIGS = {
+    "bert": ModelConfig(type="bert", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.1,
+                        attention_probs_dropout_prob=0.1),
+    "bert-relu": ModelConfig(type="bert", vocab_size=VOCAB, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                             intermediate_size=48, max_position_embeddings=40, hidden_act="relu", type_vocab_size=3),
+    "albert": ModelConfig(type="albert", vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=40,
+                          hidden_act="gelu_new", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "albert-groups": ModelConfig(type="albert", vocab_size=VOCAB, embedding_size=16, hidden_size=32,
+                                 num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=40, hidden_act="gelu_new"),
+}
+
+
+def padded_batch(seed: int = 0, batch: int = 4, length: int = 24) -> dict:
+    """Rows of different lengths (padding on the right), two segments, ~20% of real tokens predicted."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([length, length - 7, length - 13, 9][:batch])
+    attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    input_ids = torch.randint(5, VOCAB, (batch, length), generator=g) * attention_mask
+    input_ids[:, 0] = 2
+    token_type_ids = ((torch.arange(length)[None, :] >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
+    picked = (torch.rand(batch, length, generator=g) < 0.2) & attention_mask.bool()
+    picked[:, 0] = False
+    picked[0, 3] = True
+    labels = torch.where(picked, input_ids, torch.full_like(input_ids, -100))
+    input_ids = torch.where(picked, torch.full_like(input_ids, 4), input_ids)
+    sentence_label = torch.randint(0, 2, (batch,), generator=g)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels,
+                sentence_label=sentence_label)
+
+
+def reference_outputs(hf_model, batch: dict, kind: str):
+    label_key = "sentence_order_label" if kind == "albert" else "next_sentence_label"
+    out = hf_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                   **{label_key: batch["sentence_label"]})
+    sentence_logits = out.sop_logits if kind == "albert" else out.seq_relationship_logits
+    predicted = batch["labels"] != -100
+    mlm_logits = out.prediction_logits[predicted]
+    mlm_loss = torch.nn.functional.cross_entropy(mlm_logits, batch["labels"][predicted])
+    sentence_loss = torch.nn.functional.cross_entropy(sentence_logits, batch["sentence_label"])
+    return out.loss, mlm_loss, sentence_loss, mlm_logits, sentence_logits
+
+
+def assert_agree(ours, reference) -> None:
+    loss, mlm_loss, sentence_loss, mlm_logits, sentence_logits = reference
+    assert ours.mlm_logits.shape == mlm_logits.shape
+    torch.testing.assert_close(ours.mlm_logits, mlm_logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.sentence_logits, sentence_logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.mlm_loss, mlm_loss, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.sentence_loss, sentence_loss, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.loss, loss, atol=1e-5, rtol=0)
+
+
+def perturb_(model: torch.nn.Module, seed: int) -> None:
+    """Random values everywhere (LayerNorms and biases too), so every weight matters in the comparison."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if p.ndim == 1 and p.shape[0] <= 64 else 0.0))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_exported_model_matches_transformers(tmp_path, name, attn):
+    config = CONFIGS[name]
+    torch.manual_seed(1)
+    ours = build_model(config)
+    perturb_(ours, seed=2)
+    ours.eval()
+    export_hf(ours, tmp_path)
+    theirs, info = transformers.AutoModelForPreTraining.from_pretrained(
+        tmp_path, output_loading_info=True, attn_implementation=attn)
+    assert not any(info.values()), info
+    theirs.eval()
+    batch = padded_batch()
+    with torch.no_grad():
+        assert_agree(ours(**batch), reference_outputs(theirs, batch, config.type))
+
+
+@pytest.mark.parametrize("name", ["bert", "albert-groups"])
+def test_imported_transformers_weights_give_the_same_outputs(tmp_path, name):
+    config = CONFIGS[name]
+    from bertrain.model.hf import hf_config
+
+    values = hf_config(config)
+    cls = transformers.AlbertConfig if config.type == "albert" else transformers.BertConfig
+    model_cls = transformers.AlbertForPreTraining if config.type == "albert" else transformers.BertForPreTraining
+    theirs = model_cls(cls(**{k: v for k, v in values.items() if k not in ("model_type",)}))
+    perturb_(theirs, seed=3)
+    theirs.save_pretrained(tmp_path)
+    theirs.eval()
+    ours, imported_config = import_hf(tmp_path)
+    assert imported_config == dataclasses.replace(config, gradient_checkpointing=False, init_from=None)
+    batch = padded_batch(seed=4)
+    with torch.no_grad():
+        assert_agree(ours(**batch), reference_outputs(theirs, batch, config.type))
+    # The tie survives the round trip: our decoder is the embedding, theirs too.
+    assert theirs.get_output_embeddings().weight is theirs.get_input_embeddings().weight
+    torch.testing.assert_close(ours.decoder_weight, theirs.get_input_embeddings().weight, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["bert", "albert-groups"])
+def test_gradients_reach_every_parameter_and_the_tie_holds_after_a_step(tmp_path, name):
+    config = CONFIGS[name]
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = padded_batch(seed=5)
+    model(**batch).loss.backward()
+    for parameter_name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, parameter_name
+    optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        hidden = model.encode(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        head = model.mlm_head
+        manual = head.layer_norm(head.act(head.dense(hidden))) @ model.embeddings.word_embeddings.weight.T + head.bias
+    torch.testing.assert_close(out.mlm_logits, manual, atol=1e-5, rtol=0)
+    # After the step, export/import: transformers ties its decoder to the (updated) embeddings.
+    export_hf(model, tmp_path)
+    theirs = transformers.AutoModelForPreTraining.from_pretrained(tmp_path).eval()
+    assert theirs.get_output_embeddings().weight is theirs.get_input_embeddings().weight
+    torch.testing.assert_close(theirs.get_input_embeddings().weight, model.decoder_weight, atol=0, rtol=0)
+    back, _ = import_hf(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(**batch).mlm_logits, model(**batch).mlm_logits, atol=1e-6, rtol=0)
+
+
+def test_masked_only_logits_are_the_full_logits_at_labelled_positions_in_row_major_order():
+    model = build_model(CONFIGS["bert"]).eval()
+    batch = padded_batch(seed=6)
+    with torch.no_grad():
+        full = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).mlm_logits
+        out = model(**batch)
+    assert full.shape == (*batch["input_ids"].shape, VOCAB)
+    predicted = batch["labels"] != -100
+    torch.testing.assert_close(out.mlm_logits, full[predicted], atol=1e-5, rtol=0)
+    assert out.mlm_logits.shape[0] == int(predicted.sum())
+
+
+def test_without_sentence_label_the_loss_is_the_mlm_loss():
+    model = build_model(CONFIGS["albert"]).eval()
+    batch = padded_batch(seed=7)
+    batch.pop("sentence_label")
+    out = model(**batch)
+    assert out.sentence_loss is None and out.sentence_logits.shape == (4, 2)
+    assert out.loss is out.mlm_loss
+    model.train()
+    out = model(**batch)
+    assert torch.equal(out.loss.detach(), out.mlm_loss.detach())
+    out.loss.backward()  # every parameter has a gradient (DDP needs one), zero for the unused sentence head
+    assert all(p.grad is not None for p in model.parameters())
+    assert model.sentence_head.weight.grad.abs().sum() == 0
+    expected = torch.nn.functional.cross_entropy(out.mlm_logits, batch["labels"][batch["labels"] != -100])
+    torch.testing.assert_close(out.mlm_loss, expected)
+
+
+def test_no_predicted_position_gives_a_zero_mlm_loss_that_backpropagates():
+    model = build_model(CONFIGS["bert"]).train()
+    batch = padded_batch(seed=8)
+    batch["labels"].fill_(-100)
+    out = model(**batch)
+    assert out.mlm_logits.shape == (0, VOCAB) and out.mlm_loss.item() == 0.0
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.sentence_head.weight.grad.abs().sum() > 0
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    config = CONFIGS["albert-groups"]
+    torch.manual_seed(0)
+    plain = build_model(config).train()
+    checkpointed = build_model(dataclasses.replace(config, gradient_checkpointing=True)).train()
+    checkpointed.load_state_dict(plain.state_dict())
+    batch = padded_batch(seed=9)
+    for model in (plain, checkpointed):
+        torch.manual_seed(1)  # same dropout masks; checkpointing replays them in the recomputation
+        model(**batch).loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_dropout_is_active_in_training_and_off_in_eval():
+    model = build_model(CONFIGS["bert"])
+    batch = padded_batch(seed=10)
+    model.train()
+    first = model(**batch).mlm_logits.clone()  # training logits live in a reused buffer
+    assert not torch.equal(first, model(**batch).mlm_logits)
+    model.eval()
+    assert torch.equal(model(**batch).mlm_logits, model(**batch).mlm_logits)
+
+
+def test_initialization_follows_bert():
+    config = dataclasses.replace(CONFIGS["bert"], hidden_size=64, intermediate_size=256, initializer_range=0.05)
+    model = build_model(config)
+    layer_norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(layer_norms) == 1 + 2 * config.num_hidden_layers + 1
+    for norm in layer_norms:
+        assert torch.all(norm.weight == 1) and torch.all(norm.bias == 0)
+    weights = torch.cat([p.flatten() for n, p in model.named_parameters() if p.ndim == 2])
+    weights = weights.detach()
+    assert abs(float(weights.std()) - 0.05) < 0.002 and abs(float(weights.mean())) < 0.002
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert torch.all(p == 0), name
+
+
+def test_build_model_refuses_a_missing_vocab_size():
+    with pytest.raises(ConfigError, match="vocab_size"):
+        build_model(dataclasses.replace(CONFIGS["bert"], vocab_size=None))
+    with pytest.raises(ConfigError, match="divisible"):
+        build_model(dataclasses.replace(CONFIGS["bert"], num_attention_heads=5))
+
+
+def test_save_and_load_weights_round_trip_and_refuse_another_shape(tmp_path):
+    model = build_model(CONFIGS["albert-groups"])
+    perturb_(model, seed=11)
+    save_weights(model, tmp_path / "model.safetensors")
+    fresh = build_model(CONFIGS["albert-groups"])
+    load_weights(fresh, tmp_path / "model.safetensors")
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+    other = build_model(dataclasses.replace(CONFIGS["albert-groups"], vocab_size=VOCAB + 1))
+    with pytest.raises(DataError, match="word_embeddings"):
+        load_weights(other, tmp_path / "model.safetensors")
+
+
+def test_bf16_autocast_runs_and_stays_close_to_fp32():
+    model = build_model(CONFIGS["bert"]).eval()
+    batch = padded_batch(seed=12)
+    with torch.no_grad():
+        reference = model(**batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(**batch)
+    assert low.mlm_loss.dtype == torch.float32
+    assert abs(float(low.loss) - float(reference.loss)) < 0.05
+
+
+def test_buffered_training_head_gives_the_plain_gradients_and_fails_loudly_on_misuse():
+    config = dataclasses.replace(CONFIGS["bert"], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = build_model(config).train()
+    batch = padded_batch(seed=13)
+    grads = []
+    for autocast_off_path in (False, True):
+        model.zero_grad()
+        if autocast_off_path:  # eval mode takes the plain path; dropout is 0 so the math is the same
+            model.eval()
+        out = model(**batch)
+        assert not out.mlm_logits.requires_grad or autocast_off_path
+        out.loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        model.train()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5, msg=name)
+    first = model(**batch)
+    second = model(**batch)  # overwrites the first forward's buffers
+    with pytest.raises(RuntimeError, match="before this backward"):
+        first.loss.backward()
+    second.loss.backward()
+
+
+@pytest.mark.parametrize("name", ["bert", "albert-groups"])
+def test_last_layer_at_needed_rows_only_gives_the_full_outputs_and_gradients(name, monkeypatch):
+    from bertrain.model import PreTrainingModel
+
+    config = dataclasses.replace(CONFIGS[name], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                 gradient_checkpointing=name == "albert-groups")
+    model = build_model(config).train()
+    batch = padded_batch(seed=14)
+    results = []
+    for prune in (True, False):
+        monkeypatch.setattr(PreTrainingModel, "prune_last_layer", prune)
+        model.zero_grad()
+        out = model(**batch)
+        out.loss.backward()
+        results.append((out.mlm_logits.clone(), out.sentence_logits.detach(), out.loss.detach(),
+                        {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (logits, sentence, loss, grads), (logits_full, sentence_full, loss_full, grads_full) = results
+    torch.testing.assert_close(logits, logits_full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(sentence, sentence_full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(loss, loss_full, atol=1e-6, rtol=0)
+    for name_ in grads:
+        torch.testing.assert_close(grads[name_], grads_full[name_], atol=1e-6, rtol=1e-5, msg=name_)

@@ -1,0 +1,166 @@
+"""Optimizer parameter groups, AdamW / LAMB and lr schedules against independent references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bertrain.config import ModelConfig, OptimConfig
+from bertrain.errors import ConfigError
+from bertrain.model import build_model
+from bertrain.train.optim import Lamb, LRSchedule, build_optimizer, build_scheduler, parameter_groups, warmup_steps_for
+
+
+def tiny_model(kind: str):
+    config = ModelConfig(type=kind, vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0,
+                         embedding_size=16 if kind == "albert" else None)
+    return build_model(config)
+
+
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_parameter_groups_split_every_parameter_once(kind):
+    model = tiny_model(kind)
+    decay, no_decay = parameter_groups(model, weight_decay=0.01)
+    print(f"{kind} decay:", decay["names"])
+    print(f"{kind} no decay:", no_decay["names"])
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    # Each unique parameter (tied decoder = word embeddings, shared ALBERT layers) in exactly one group.
+    grouped = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(grouped) == len(set(grouped))
+    assert set(grouped) == {id(p) for p in model.parameters()}
+    assert len(decay["names"]) == len(decay["params"]) and len(no_decay["names"]) == len(no_decay["params"])
+
+    layer_norm_params = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+    biases = {id(p) for name, p in model.named_parameters() if name.endswith("bias")}
+    assert layer_norm_params and biases
+    assert {id(p) for p in no_decay["params"]} == layer_norm_params | biases
+    # What is decayed: matrices and embeddings only (independent of how the groups were found).
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert "embeddings.word_embeddings.weight" in decay["names"]
+    assert "embeddings.position_embeddings.weight" in decay["names"]
+    assert not any("norm" in name for name in decay["names"])
+    if kind == "albert":
+        assert "encoder.embedding_to_hidden.weight" in decay["names"]
+
+
+def test_adamw_is_fused_on_cpu_and_matches_reference_adamw():
+    torch.manual_seed(0)
+    model = tiny_model("bert")
+    reference_model = tiny_model("bert")
+    reference_model.load_state_dict(model.state_dict())
+    config = OptimConfig(lr=1e-2, weight_decay=0.1, betas=[0.9, 0.98], eps=1e-6)
+    optimizer = build_optimizer(model, config)
+    assert optimizer.defaults.get("fused") is True
+    groups = parameter_groups(reference_model, 0.1)
+    reference = torch.optim.AdamW([{k: v for k, v in g.items() if k != "names"} for g in groups], lr=1e-2,
+                                  betas=(0.9, 0.98), eps=1e-6, foreach=False)
+    ids = torch.randint(5, 120, (4, 16))
+    for m, opt in ((model, optimizer), (reference_model, reference)):
+        for _ in range(3):
+            out = m(ids, torch.ones_like(ids), torch.zeros_like(ids))
+            out.mlm_logits.float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for (name, a), (_, b) in zip(model.named_parameters(), reference_model.named_parameters()):
+        assert (a - b).abs().max() < 1e-5, (name, (a - b).abs().max())
+    # Decay applies to matrices only: with zero gradients (and fresh moments) only they shrink.
+    optimizer = build_optimizer(model, config)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for name, p in model.named_parameters():
+        shrunk = torch.allclose(p.detach(), before[name] * (1 - 1e-2 * 0.1), rtol=1e-6, atol=1e-8)
+        unchanged = torch.equal(p.detach(), before[name])
+        assert (shrunk and not unchanged) if p.ndim == 2 else unchanged, name
+
+
+def test_lamb_step_matches_hand_computed_formula():
+    torch.manual_seed(1)
+    weight = torch.randn(5, 3)
+    grad = torch.randn(5, 3)
+    param = torch.nn.Parameter(weight.clone())
+    optimizer = Lamb([param], lr=0.1, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01)
+    param.grad = grad.clone()
+    optimizer.step()
+    # Step 1 by hand: m̂ = g, v̂ = g², update = g / (|g| + eps) + wd * w, ratio = ||w|| / ||update||.
+    update = grad / (grad.abs() + 1e-6) + 0.01 * weight
+    ratio = weight.norm() / update.norm()
+    torch.testing.assert_close(param.detach(), weight - 0.1 * ratio * update, rtol=1e-6, atol=1e-7)
+
+
+def test_lamb_trust_ratio_is_one_for_zero_weights_and_it_minimizes():
+    param = torch.nn.Parameter(torch.zeros(4))
+    optimizer = Lamb([param], lr=0.5)
+    param.grad = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    optimizer.step()
+    torch.testing.assert_close(param.detach(), torch.tensor([-0.5, 0.5, -0.5, 0.5]), rtol=1e-5, atol=1e-5)
+
+    target = torch.tensor([3.0, -2.0, 0.5])
+    x = torch.nn.Parameter(torch.ones(3))
+    optimizer = Lamb([x], lr=0.05)
+    for _ in range(300):
+        optimizer.zero_grad()
+        ((x - target) ** 2).sum().backward()
+        optimizer.step()
+    # LAMB's steps scale with ||x||, so it hovers near the optimum: 1% of the initial loss.
+    assert ((x.detach() - target) ** 2).sum() < 0.01 * ((torch.ones(3) - target) ** 2).sum()
+
+
+def test_lamb_from_config_uses_the_same_groups():
+    model = tiny_model("albert")
+    optimizer = build_optimizer(model, OptimConfig(name="lamb", weight_decay=0.02))
+    assert isinstance(optimizer, Lamb)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.02, 0.0]
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant"])
+def test_schedules_match_transformers(schedule):
+    from transformers import (get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup,
+                              get_linear_schedule_with_warmup)
+
+    def fresh():
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+
+    ours_optimizer = fresh()
+    ours = build_scheduler(ours_optimizer, OptimConfig(schedule=schedule, warmup_steps=10, lr=2.0), total_steps=50)
+    theirs_optimizer = fresh()
+    theirs = {"linear": lambda o: get_linear_schedule_with_warmup(o, 10, 50),
+              "cosine": lambda o: get_cosine_schedule_with_warmup(o, 10, 50),
+              "constant": lambda o: get_constant_schedule_with_warmup(o, 10)}[schedule](theirs_optimizer)
+    for _ in range(51):  # past the end transformers' cosine rises again; ours stays at 0
+        assert ours.get_last_lr()[0] == pytest.approx(theirs.get_last_lr()[0], abs=1e-12)
+        ours_optimizer.step(), theirs_optimizer.step()
+        ours.step(), theirs.step()
+
+
+def test_schedule_shape_and_warmup_fraction():
+    linear = LRSchedule("linear", warmup_steps=4, total_steps=12)
+    assert [linear(s) for s in (0, 2, 4, 8, 12, 20)] == [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
+    cosine = LRSchedule("cosine", warmup_steps=0, total_steps=10)
+    assert cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
+    assert math.isclose(LRSchedule("constant", 2, 10)(9), 1.0)
+    assert warmup_steps_for(OptimConfig(warmup_steps=7, warmup_fraction=0.25), 40) == 10
+    assert warmup_steps_for(OptimConfig(warmup_steps=7), 40) == 7
+    with pytest.raises(ConfigError):
+        LRSchedule("exponential", 0, 10)
+
+
+def test_scheduler_state_round_trips():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, OptimConfig(warmup_steps=3), total_steps=10)
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+    state = scheduler.state_dict()
+    optimizer2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler2 = build_scheduler(optimizer2, OptimConfig(warmup_steps=3), total_steps=10)
+    scheduler2.load_state_dict(state)
+    for _ in range(3):
+        optimizer.step(), optimizer2.step()
+        scheduler.step(), scheduler2.step()
+        assert scheduler.get_last_lr() == scheduler2.get_last_lr()

@@ -1,0 +1,226 @@
+"""Epoch plans (NSP / SOP / none): Google's pair rules, realized statistics, assembly from the shards."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from bertrain.config import DataConfig
+from bertrain.data.format import open_prepared
+from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings, split_index
+from bertrain.data.pairs import build_plan, truncate_pair
+from bertrain.errors import DataError
+from tests.helpers_data import make_prepared_dir
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return open_prepared(make_prepared_dir(tmp_path_factory.mktemp("pairs") / "data", kind="wordpiece",
+                                           num_documents=200, seed=0))
+
+
+def sigma_bound(p: float, n: int, sigmas: float = 5.0) -> float:
+    """Tolerance for a binomial proportion: `sigmas` standard deviations."""
+    return sigmas * np.sqrt(p * (1 - p) / n)
+
+
+def plans(prepared, objective: str, epochs: range, **settings) -> list:
+    index = split_index(prepared, "train")
+    defaults = {"max_seq_length": 32, "short_seq_prob": 0.1}
+    return [build_plan(index, objective=objective, seed=7, epoch=e, **{**defaults, **settings}) for e in epochs]
+
+
+def document_end_token(index, document: np.ndarray) -> np.ndarray:
+    last = index.document_first[document + 1] - 1
+    return index.sentence_start[last] + index.sentence_cum[last + 1] - index.sentence_cum[last]
+
+
+def google_truncate(a: int, b: int, max_tokens: int) -> tuple[int, int]:
+    """Google's truncate_seq_pair, on lengths."""
+    while a + b > max_tokens:
+        if a > b:
+            a -= 1
+        else:
+            b -= 1
+    return a, b
+
+
+def test_truncation_lengths_match_google_loop():
+    rng = random.Random(0)
+    cases = [(rng.randint(1, 300), rng.randint(1, 300), rng.randint(2, 256)) for _ in range(3000)]
+    cases += [(5, 5, 9), (5, 5, 10), (7, 2, 8), (2, 7, 8), (1, 300, 125), (64, 64, 125)]
+    a, b, m = (np.array(x) for x in zip(*cases))
+    for max_tokens in np.unique(m):
+        rows = m == max_tokens
+        new_a, new_b = truncate_pair(a[rows], b[rows], int(max_tokens))
+        expected = [google_truncate(x, y, int(max_tokens)) for x, y in zip(a[rows], b[rows])]
+        assert list(zip(new_a.tolist(), new_b.tolist())) == expected
+
+
+def test_instances_are_assembled_from_the_plan_spans(prepared):
+    config = DataConfig(objective="nsp", max_seq_length=64, masking="token")
+    plan = epoch_plan(prepared, config, seed=3, epoch=0)
+    dataset = MicroBatchDataset(prepared, config, plan, masking_settings(prepared, config), split="train", seed=3,
+                                epoch=0, micro_batch_size=64, rank=0, world_size=1)
+    # An independent read of the tokens: concatenate the shards (the global token space).
+    tokens = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in prepared.split("train").shards])
+    positions = np.arange(64, 128)
+    batch = dataset.assemble(positions)
+    assert batch.input_ids.shape[1] % 8 == 0
+    for row, instance in enumerate(plan.order[positions]):
+        a = tokens[plan.a_start[instance]:plan.a_start[instance] + plan.a_length[instance]]
+        b = tokens[plan.b_start[instance]:plan.b_start[instance] + plan.b_length[instance]]
+        expected = np.concatenate([[2], a, [3], b, [3]])
+        width = len(expected)
+        assert width <= 64
+        assert batch.input_ids[row, :width].tolist() == expected.tolist()
+        assert (batch.input_ids[row, width:] == 0).all()
+        assert batch.token_type_ids[row].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (
+            batch.input_ids.shape[1] - width)
+        assert batch.attention_mask[row].sum() == width
+        assert batch.sentence_label[row] == plan.sentence_label[instance]
+
+
+def test_nsp_half_negatives_always_from_another_document(prepared):
+    epoch_plans = plans(prepared, "nsp", range(4))
+    label = np.concatenate([p.sentence_label for p in epoch_plans])
+    assert len(label) >= 10_000
+    assert abs((label == 0).mean() - 0.5) < sigma_bound(0.5, len(label))
+    for plan in epoch_plans:
+        negative = plan.sentence_label == 1
+        assert (plan.b_document[negative] != plan.document[negative]).all()
+        # Positives: B follows A inside the same document (truncation may cut A's end only).
+        positive = ~negative
+        assert (plan.b_document[positive] == plan.document[positive]).all()
+        assert (plan.b_start[positive] >= plan.a_start[positive] + plan.a_length[positive]).all()
+        assert (plan.a_length >= 1).all() and (plan.b_length >= 1).all()
+        assert (plan.a_length + plan.b_length <= 32 - 3).all()
+
+
+def test_sop_negatives_are_exact_swaps_of_positives(prepared):
+    epoch_plans = plans(prepared, "sop", range(6))
+    label = np.concatenate([p.sentence_label for p in epoch_plans])
+    assert len(label) >= 10_000
+    assert abs((label == 0).mean() - 0.5) < sigma_bound(0.5, len(label))
+    untruncated_negatives = 0
+    for plan in epoch_plans:
+        assert (plan.b_document == plan.document).all()            # never a random-document B
+        negative = plan.sentence_label == 1
+        first_start = np.where(negative, plan.b_start, plan.a_start)  # the segment that comes first in the text
+        first_end = np.where(negative, plan.b_start + plan.b_length, plan.a_start + plan.a_length)
+        second_start = np.where(negative, plan.a_start, plan.b_start)
+        assert (first_end <= second_start).all()
+        # When nothing was truncated the two segments are adjacent: the negative is the positive swapped.
+        whole = plan.a_length + plan.b_length < 32 - 3
+        assert (first_end[whole] == second_start[whole]).all()
+        assert first_start[whole].min() >= 0
+        untruncated_negatives += int((whole & negative).sum())
+    assert untruncated_negatives > 500
+
+
+def test_single_sentence_chunks_are_split_inside_the_sentence(prepared):
+    # With 12-token instances most sentences fill a chunk alone.
+    index = split_index(prepared, "train")
+    for objective in ("sop", "nsp"):
+        plan = build_plan(index, objective=objective, max_seq_length=12, short_seq_prob=0.0, seed=1, epoch=0)
+        positive = plan.sentence_label == 0
+        if objective == "sop":
+            positive = np.ones(len(plan), bool)
+        first = np.minimum(plan.a_start, plan.b_start)
+        last = np.maximum(plan.a_start + plan.a_length, plan.b_start + plan.b_length) - 1
+        sentence_first = np.searchsorted(index.sentence_start, first, side="right") - 1
+        sentence_last = np.searchsorted(index.sentence_start, last, side="right") - 1
+        inside = positive & (sentence_first == sentence_last)
+        assert inside.sum() > 0.3 * positive.sum()
+        assert (plan.document[inside] == plan.b_document[inside]).all()
+        assert abs((plan.sentence_label == 0).mean() - 0.5) < sigma_bound(0.5, len(plan))
+
+
+def test_short_seq_prob_sets_the_share_of_short_targets_and_chunk_lengths(prepared):
+    index = split_index(prepared, "train")
+    max_tokens = 64 - 2
+    for probability in (0.0, 0.3):
+        targets, lengths, reached_end = [], [], []
+        for epoch in range(6):
+            plan = build_plan(index, objective="none", max_seq_length=64, short_seq_prob=probability, seed=2,
+                              epoch=epoch)
+            targets.append(plan.target)
+            lengths.append(plan.a_length)
+            reached_end.append(plan.a_start + plan.a_length == document_end_token(index, plan.document))
+        target, length, at_end = (np.concatenate(x) for x in (targets, lengths, reached_end))
+        short = target < max_tokens
+        # A short target is uniform in [2, max_tokens]: it equals max_tokens with probability 1/(max_tokens-1).
+        expected = probability * (1 - 1 / (max_tokens - 1))
+        assert abs(short.mean() - expected) <= max(sigma_bound(expected, len(target)), 1e-9)
+        # Chunks are filled up to their target unless the document ends first; never past the limit.
+        assert ((length >= target) | at_end).all()
+        assert (length <= max_tokens).all()
+        if probability == 0:
+            assert (length[~at_end] == max_tokens).all()
+        else:
+            assert (length[short & ~at_end] < max_tokens).mean() > 0.5
+
+
+def test_epochs_draw_new_pairs_and_the_same_epoch_is_reproducible(prepared):
+    index = split_index(prepared, "train")
+    settings = dict(objective="nsp", max_seq_length=64, short_seq_prob=0.1)
+    first = build_plan(index, seed=5, epoch=0, **settings)
+    again = build_plan(index, seed=5, epoch=0, **settings)
+    other = build_plan(index, seed=5, epoch=1, **settings)
+    for name in ("a_start", "a_length", "b_start", "b_length", "sentence_label", "order"):
+        assert np.array_equal(getattr(first, name), getattr(again, name))
+    assert len(first) != len(other) or not np.array_equal(first.a_start, other.a_start)
+    assert not np.array_equal(first.order[:100], other.order[:100])
+
+
+def test_objective_none_gives_single_segments(prepared):
+    plan = plans(prepared, "none", range(1))[0]
+    assert (plan.b_length == 0).all() and (plan.sentence_label == 0).all()
+    assert (plan.a_length <= 32 - 2).all() and (plan.a_length >= 1).all()
+
+
+def test_nsp_on_a_single_document_is_an_error(tmp_path):
+    data = open_prepared(make_prepared_dir(tmp_path / "one", num_documents=3, validation_documents=2,
+                                           max_paragraphs=30))
+    assert data.split("train").num_documents == 1
+    with pytest.raises(DataError, match="NSP needs at least two"):
+        epoch_plan(data, DataConfig(objective="nsp"), seed=0, epoch=0)
+    plan = epoch_plan(data, DataConfig(objective="sop", max_seq_length=32), seed=0, epoch=0)
+    assert len(plan) > 10
+
+
+def test_plan_memory_scales_with_instances_not_tokens(prepared):
+    plan = plans(prepared, "nsp", range(1))[0]
+    arrays = [v for v in vars(plan).values() if isinstance(v, np.ndarray)]
+    assert all(len(a) == len(plan) for a in arrays)
+    assert sum(a.nbytes for a in arrays) < 64 * len(plan)
+
+
+def test_small_windows_and_blocks_keep_every_rule(prepared, monkeypatch):
+    # Book-length documents are chunked in windows and planned in blocks; shrink both to exercise them.
+    import bertrain.data.pairs as pairs_module
+
+    monkeypatch.setattr(pairs_module, "WINDOW_SENTENCES", 16)
+    monkeypatch.setattr(pairs_module, "BLOCK_SENTENCES", 200)
+    index = split_index(prepared, "train")
+    for objective in ("nsp", "sop"):
+        plan = build_plan(index, objective=objective, max_seq_length=64, short_seq_prob=0.1, seed=4, epoch=0)
+        negative = plan.sentence_label == 1
+        assert abs((~negative).mean() - 0.5) < sigma_bound(0.5, len(plan))
+        assert sorted(plan.order.tolist()) == list(range(len(plan)))
+        assert set(plan.document.tolist()) == set(range(index.num_documents))
+        same_document = plan.b_document == plan.document
+        assert (same_document == ~negative).all() if objective == "nsp" else same_document.all()
+        assert ((plan.a_length >= 1) & (plan.b_length >= 1) & (plan.a_length + plan.b_length <= 61)).all()
+
+
+def test_damaged_offsets_are_a_data_error(tmp_path):
+    data_dir = make_prepared_dir(tmp_path / "bad", num_documents=6, validation_documents=1, max_paragraphs=60)
+    path = data_dir / "train" / "shard-00000.sentences.npy"
+    offsets = np.load(path)
+    offsets[3], offsets[4] = offsets[4], offsets[3]
+    np.save(path, offsets)
+    with pytest.raises(DataError, match="shard-00000.*prepare"):
+        epoch_plan(open_prepared(data_dir), DataConfig(objective="sop"), seed=0, epoch=0)

@@ -1,0 +1,376 @@
+"""`bertrain pretrain`: an end-to-end tiny run, dry run, errors before training, non-finite steps, wandb."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers_data import make_prepared_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = {
+    "data": {"objective": "nsp", "max_seq_length": 64, "eval_batches": 2},
+    "model": {"type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 64, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.0,
+              "max_position_embeddings": 64},
+    "optim": {"lr": 1.0e-3, "warmup_steps": 2},
+    "train": {"batch_size": 8, "max_steps": 6, "save_every": 3, "eval_every": 3, "log_every": 1,
+              "deterministic": True, "keep_last": 5},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared with test_resume.py and test_slurm.py
+# ---------------------------------------------------------------------------------------------
+
+
+def write_config(path: Path, base: dict = TINY, **sections: dict) -> Path:
+    """A config YAML: `base` with per-section updates (e.g. train={"max_steps": 4})."""
+    tree = {k: dict(v) for k, v in base.items()}
+    for section, values in sections.items():
+        tree.setdefault(section, {}).update(values)
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def pretrain_env(**extra: str) -> dict:
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               TOKENIZERS_PARALLELISM="false", COLUMNS="250")
+    for key in [k for k in env if k.startswith("BERTRAIN_TEST_")]:
+        del env[key]
+    env.update(extra)
+    return env
+
+
+def run_pretrain(config: Path, data: Path, run_dir: Path, *args: str, nproc: int = 1, env: dict | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m bertrain pretrain ...` (or torchrun with `nproc` processes) in a subprocess."""
+    command = ["pretrain", "--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *args]
+    if nproc == 1:
+        launcher = [sys.executable, "-m", "bertrain"]
+    else:
+        port = str(29500 + (os.getpid() % 400) + hash(str(run_dir)) % 90)
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                    "--master_port", port, "-m", "bertrain"]
+    return subprocess.run(launcher + command, env=env or pretrain_env(), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step → loss of the train records in RUN_DIR/metrics.jsonl."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+def final_weights(run_dir: Path, step: int) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def explain(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    return make_prepared_dir(tmp_path_factory.mktemp("data") / "wordpiece", kind="wordpiece", num_documents=120)
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """In-process runs share Accelerate's singleton state: reset it around each test."""
+    from accelerate.state import AcceleratorState
+
+    import torch
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+    torch.use_deterministic_algorithms(False)  # train.deterministic sets it process-wide
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+def test_pretrain_logs_evaluates_checkpoints_and_rotates(tmp_path, tiny_data):
+    config = write_config(tmp_path / "tiny.yaml", train={"log_every": 2, "save_every": 2, "keep_last": 2})
+    run_dir = tmp_path / "run"
+    result = run_pretrain(config, tiny_data, run_dir)
+    assert result.returncode == 0, explain(result)
+    assert "pretrain summary" in result.stdout
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == [2, 4, 6]
+    assert [r["step"] for r in evals] == [3, 6]
+    for record in train:
+        for key in ("loss", "mlm_loss", "sentence_loss", "mlm_accuracy", "sentence_accuracy", "lr", "grad_norm",
+                    "tokens_per_s", "samples_per_s"):
+            assert isinstance(record[key], float), key
+        assert record["loss"] == pytest.approx(record["mlm_loss"] + record["sentence_loss"])
+        assert 0 <= record["mlm_accuracy"] <= 1 and record["grad_norm"] > 0
+    for record in evals:
+        assert {"mlm_loss", "mlm_accuracy", "sentence_accuracy"} <= set(record)
+    # Linear warmup over 2 steps to 1e-3, then linear decay to 0 at step 6 (lr used by each step).
+    assert [r["lr"] for r in train] == pytest.approx([0.5e-3, 0.75e-3, 0.25e-3])
+
+    # Rotation kept the newest two; both valid; the run's files for export exist.
+    from bertrain.train.checkpoint import find_latest_checkpoint, iter_checkpoints, verify_checkpoint
+
+    kept = [p.name for p in iter_checkpoints(run_dir)]
+    assert kept == ["step-00000006", "step-00000004"]
+    assert all(verify_checkpoint(p) is None for p in iter_checkpoints(run_dir))
+    latest = find_latest_checkpoint(run_dir)
+    state = json.loads((latest / "train_state.json").read_text())
+    assert state["step"] == 6 and state["samples_seen"] == 6 * 8
+    assert (latest / "rng-rank00000.pt").is_file() and (latest / "optimizer.pt").is_file()
+
+    from bertrain.config import load_config
+    from bertrain.data.format import open_prepared
+
+    prepared = open_prepared(tiny_data)
+    resolved = load_config(run_dir / "config.yaml")
+    assert resolved.model.vocab_size == prepared.vocab_size and resolved.data.path == str(tiny_data)
+    assert (run_dir / "tokenizer" / "tokenizer.json").read_bytes() == \
+        (tiny_data / "tokenizer" / "tokenizer.json").read_bytes()
+
+    # tokens_seen against an independent count from the loader: non-padding tokens of 6 micro-batches.
+    from bertrain.data.loader import build_train_loader
+
+    loader = build_train_loader(prepared, resolved.data, seed=resolved.train.seed, epoch=0, micro_batch_size=8,
+                                rank=0, world_size=1)
+    expected = 0
+    for index, batch in enumerate(loader):
+        if index == 6:
+            break
+        expected += int(batch["attention_mask"].sum())
+    assert state["tokens_seen"] == train[-1]["tokens_seen"] == expected
+
+
+def test_albert_sop_bf16_with_accumulation_runs_and_exports(tmp_path, tmp_path_factory):
+    data = make_prepared_dir(tmp_path / "unigram", kind="unigram", num_documents=80, vocab_size=600)
+    albert = {**TINY, "data": {**TINY["data"], "objective": "sop", "masking": "ngram"},
+              "model": {**TINY["model"], "type": "albert", "embedding_size": 16, "hidden_act": "gelu_new",
+                        "num_hidden_layers": 2}}
+    config = write_config(tmp_path / "albert.yaml", albert,
+                          train={"mixed_precision": "bf16", "gradient_accumulation_steps": 2, "max_steps": 3,
+                                 "eval_every": 3, "deterministic": False},
+                          logging={"wandb": "offline"})
+    run_dir = tmp_path / "run"
+    env = pretrain_env()
+    env.pop("WANDB_MODE")
+    result = run_pretrain(config, data, run_dir, env=env)
+    assert result.returncode == 0, explain(result)
+    losses = train_losses(run_dir)
+    assert sorted(losses) == [1, 2, 3] and all(0 < v < 20 for v in losses.values())
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and list(offline_runs[0].glob("*.wandb"))
+    # The result loads in transformers when the export command exists (written by the model work).
+    from bertrain.model import hf
+
+    if hasattr(hf, "export_hf"):
+        import torch
+        from transformers import AlbertForPreTraining
+
+        out = tmp_path / "hf"
+        hf.export_hf(run_dir / "checkpoints" / "step-00000003", out)
+        model = AlbertForPreTraining.from_pretrained(out)
+        assert model.config.vocab_size == json.loads((data / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+        assert torch.isfinite(model.albert.embeddings.word_embeddings.weight).all()
+
+
+def test_dry_run_reports_size_and_time_and_writes_nothing(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 40})
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir", str(run_dir),
+                             "--dry-run")
+    assert code == 0, err
+    text = " ".join(out.replace("│", " ").split())
+    from bertrain.config import load_config
+    from bertrain.data.format import open_prepared
+    from bertrain.data.loader import num_micro_batches
+    from bertrain.model import build_model
+
+    prepared = open_prepared(tiny_data)
+    resolved = load_config(config)
+    resolved.model.vocab_size = prepared.vocab_size
+    parameters = sum(p.numel() for p in build_model(resolved.model).parameters())
+    steps = num_micro_batches(prepared, resolved.data, seed=42, epoch=0, micro_batch_size=8, world_size=1)
+    assert f"parameters {parameters:,}" in text
+    assert f"steps per epoch {steps:,.1f}" in text
+    assert "total steps 40" in text
+    assert f"tokens per epoch {prepared.manifest['splits']['train']['tokens']:,}" in text
+    for label in ("checkpoint size", "disk needed", "estimated time"):
+        assert label in text
+    assert not run_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors before any training
+# ---------------------------------------------------------------------------------------------
+
+
+def _pretrain(run_cli, config, data, run_dir, *args):
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(data), "--run-dir", str(run_dir),
+                             *args)
+    return code, " ".join((out + err).split())
+
+
+def test_missing_or_invalid_data_dir(run_cli, tmp_path, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config, tmp_path / "nowhere", tmp_path / "run")
+    assert code == 1 and "nowhere" in text and "does not exist" in text and "bertrain prepare" in text
+    (tmp_path / "empty").mkdir()
+    code, text = _pretrain(run_cli, config, tmp_path / "empty", tmp_path / "run")
+    assert code == 1 and "no manifest.json" in text
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_vocab_smaller_than_tokenizer_is_refused(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run", "--set", "model.vocab_size=100")
+    assert code == 2 and "model.vocab_size" in text and "(100)" in text
+    assert not (tmp_path / "run").exists()
+
+
+def test_whole_word_masking_needs_a_known_tokenizer_kind(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    import shutil
+
+    from bertrain.data.format import write_manifest
+
+    odd = tmp_path / "bpe_data"
+    shutil.copytree(tiny_data, odd)
+    manifest = json.loads((odd / "manifest.json").read_text())
+    manifest["tokenizer"]["kind"] = "bpe"
+    write_manifest(odd, {k: v for k, v in manifest.items() if k not in ("fingerprint", "format_version")})
+    config = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config, odd, tmp_path / "run", "--set", "data.masking=whole_word")
+    assert code == 2 and "data.masking" in text and "'bpe'" in text
+
+
+def test_batch_not_divisible_across_processes(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    from bertrain.config import load_config
+    from bertrain.errors import ConfigError
+    from bertrain.train.loop import micro_batch_size_for
+
+    config = load_config(None, ["train.batch_size=6", "train.gradient_accumulation_steps=3"])
+    assert micro_batch_size_for(config, 1) == 2
+    with pytest.raises(ConfigError, match=r"train.batch_size.*2 x 3 = 6|divisible"):
+        micro_batch_size_for(load_config(None, ["train.batch_size=6", "train.gradient_accumulation_steps=2"]), 2)
+    config_file = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config_file, tiny_data, tmp_path / "run", "--set", "train.batch_size=9",
+                           "--set", "train.gradient_accumulation_steps=2")
+    assert code == 2 and "train.batch_size" in text
+
+
+def test_full_disk_is_refused_before_training(run_cli, tmp_path, tiny_data, fresh_accelerate, monkeypatch):
+    import bertrain.train.loop as loop
+
+    monkeypatch.setattr(loop, "free_disk_bytes", lambda path: 10_000)
+    config = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run")
+    assert code == 1 and "free" in text and "checkpoint" in text
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_config_typo_and_resume_never(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run", "--set", "train.max_step=3")
+    assert code == 2 and "train.max_step" in text and "max_steps" in text
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run", "--resume", "never")
+    assert code == 2 and "not empty" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite steps, signals, wandb
+# ---------------------------------------------------------------------------------------------
+
+
+def test_non_finite_steps_are_skipped_then_stop_naming_the_step(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    # lr 1e30 makes step 1's update overflow the next forward: every later loss is NaN.
+    config = write_config(tmp_path / "tiny.yaml", optim={"lr": 1e30, "warmup_steps": 0},
+                          train={"max_bad_steps": 3, "save_every": 1})
+    code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run")
+    assert code == 1
+    assert "Training stopped at step 2: 3 non-finite steps in a row" in text
+    assert text.count("step skipped") == 3
+    # Only step 1 (finite) was checkpointed; nothing non-finite reached a checkpoint.
+    import torch
+
+    from bertrain.train.checkpoint import iter_checkpoints
+
+    assert [p.name for p in iter_checkpoints(tmp_path / "run")] == ["step-00000001"]
+    weights = final_weights(tmp_path / "run", 1)
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    code = ("import os, signal, time\n"
+            "from bertrain.train import signals\n"
+            "signals.install_handlers()\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"  # the same request twice (srun + launcher): no exit
+            "time.sleep(0.2)\n"
+            "assert signals.stop_requested() and signals.received_signal_name() == 'SIGUSR1'\n"
+            "print('first signal recorded', flush=True)\n"
+            "signals.DUPLICATE_WINDOW = 0.1\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(5)\n"
+            "print('still alive')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert "first signal recorded" in result.stdout and "still alive" not in result.stdout
+    assert result.returncode == 128 + signal.SIGTERM
+
+
+def test_wandb_online_without_network_falls_back_to_offline(tmp_path, monkeypatch):
+    from bertrain.config import LoggingConfig
+    from bertrain.train.monitor import init_wandb
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    warnings: list[str] = []
+    run = init_wandb(LoggingConfig(wandb="online", wandb_init_timeout=5), tmp_path, {"x": 1}, warnings.append)
+    try:
+        assert run.settings.mode == "offline"
+        run.log({"train/loss": 1.5}, step=1)
+    finally:
+        run.finish()
+    assert len(warnings) == 1 and "logging offline" in warnings[0]
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_token_budget_stops_at_the_first_step_that_reaches_it(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": None, "max_tokens": 1500, "eval_every": 0})
+    run_dir = tmp_path / "run"
+    code, text = _pretrain(run_cli, config, tiny_data, run_dir)
+    assert code == 0, text
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    seen = [r["tokens_seen"] for r in records]
+    assert seen[-1] >= 1500 > seen[-2]
+    state = json.loads((run_dir / "checkpoints" / f"step-{len(seen):08d}" / "train_state.json").read_text())
+    assert state["tokens_seen"] == seen[-1]
+    # The schedule length was estimated from the data (tokens per step), close to the steps actually taken.
+    assert abs(state["total_steps"] - len(seen)) <= 2

@@ -1,0 +1,265 @@
+"""Exact resume: a run of 2N steps vs. runs stopped after N and resumed, compared bit for bit.
+
+Each case compares the resumed run's per-step losses (metrics.jsonl, full float precision) for steps
+N+1..2N and its final weights against ONE uninterrupted reference run shared by the module.
+fp32, deterministic algorithms, dropout 0.1 (so the per-rank RNG restore is exercised).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers_data import make_prepared_dir
+from tests.test_pretrain import fresh_accelerate  # noqa: F401  (a fixture)
+from tests.test_pretrain import (ROOT, TINY, assert_same_weights, explain, final_weights, pretrain_env, run_pretrain,
+                                 train_losses, write_config)
+
+N = 3          # checkpoint / interruption step
+STEPS = 2 * N  # uninterrupted length
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_prepared_dir(tmp_path_factory.mktemp("resume-data") / "wordpiece", kind="wordpiece",
+                             num_documents=120)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("resume")
+
+
+@pytest.fixture(scope="module")
+def config(workdir):
+    return write_config(workdir / "exact.yaml", train={"max_steps": STEPS, "save_every": N, "eval_every": N})
+
+
+@pytest.fixture(scope="module")
+def reference(workdir, config, data):
+    """The uninterrupted run of 2N steps."""
+    run_dir = workdir / "reference"
+    result = run_pretrain(config, data, run_dir)
+    assert result.returncode == 0, explain(result)
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return run_dir
+
+
+def assert_resumed_exactly(run_dir, reference_dir, start=N):
+    ours, theirs = train_losses(run_dir), train_losses(reference_dir)
+    assert sorted(ours) == list(range(1, STEPS + 1))  # records after the checkpoint were replaced, not duplicated
+    for step in range(start + 1, STEPS + 1):
+        assert ours[step] == theirs[step], (step, ours[step], theirs[step])  # bitwise: == on floats
+    assert_same_weights(final_weights(run_dir, STEPS), final_weights(reference_dir, STEPS))
+
+
+def resume(config, data, run_dir, *args, **kwargs):
+    result = run_pretrain(config, data, run_dir, *args, **kwargs)
+    assert result.returncode == 0, explain(result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# 1 process
+# ---------------------------------------------------------------------------------------------
+
+
+def test_stop_at_checkpoint_then_resume_is_exact(workdir, config, data, reference):
+    run_dir = workdir / "stop_at"
+    first = run_pretrain(config, data, run_dir, "--set", f"train.stop_at_step={N}")
+    assert first.returncode == 0, explain(first)
+    assert max(train_losses(run_dir)) == N
+    second = resume(config, data, run_dir)
+    assert f"Resuming from {run_dir}/checkpoints/step-{N:08d}" in " ".join(second.stdout.split())
+    assert_resumed_exactly(run_dir, reference)
+
+
+def test_sigterm_finishes_the_step_saves_exits_75_and_resumes_exactly(workdir, config, data, reference):
+    run_dir = workdir / "sigterm"
+    stop = N - 1  # not a save_every step: the signal itself must cause the checkpoint
+    first = run_pretrain(config, data, run_dir, env=pretrain_env(BERTRAIN_TEST_SIGNAL_AT_STEP=str(stop)))
+    assert first.returncode == 75, explain(first)
+    assert "Stopped by a signal after step 2" in " ".join(first.stderr.split())
+    assert max(train_losses(run_dir)) == stop
+    assert (run_dir / "checkpoints" / f"step-{stop:08d}" / "COMPLETE").is_file()
+    resume(config, data, run_dir)
+    assert_resumed_exactly(run_dir, reference, start=stop)
+
+
+def test_resume_from_a_given_checkpoint_into_a_new_run_dir(workdir, config, data, reference):
+    run_dir = workdir / "from_path"
+    resume(config, data, run_dir, "--resume", str(reference / "checkpoints" / f"step-{N:08d}"))
+    ours, theirs = train_losses(run_dir), train_losses(reference)
+    assert sorted(ours) == list(range(N + 1, STEPS + 1))
+    assert all(ours[s] == theirs[s] for s in ours)
+    assert_same_weights(final_weights(run_dir, STEPS), final_weights(reference, STEPS))
+
+
+@pytest.mark.slow
+def test_kill_9_right_after_a_checkpoint_then_resume_is_exact(workdir, config, data, reference):
+    run_dir = workdir / "kill_after_save"
+    first = run_pretrain(config, data, run_dir, env=pretrain_env(BERTRAIN_TEST_CRASH_AFTER_SAVE=str(N)))
+    assert first.returncode == -signal.SIGKILL, explain(first)
+    resume(config, data, run_dir)
+    assert_resumed_exactly(run_dir, reference)
+
+
+@pytest.mark.slow
+def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(workdir, config, data, reference):
+    run_dir = workdir / "kill_during_save"
+    first = run_pretrain(config, data, run_dir, env=pretrain_env(BERTRAIN_TEST_CRASH_DURING_SAVE=str(STEPS)))
+    assert first.returncode == -signal.SIGKILL, explain(first)
+    partial = run_dir / "checkpoints" / f".tmp-step-{STEPS:08d}"
+    assert (partial / "model.safetensors").is_file() and not (partial / "COMPLETE").exists()
+    assert max(train_losses(run_dir)) == STEPS  # records of steps after the checkpoint exist before resume
+    second = resume(config, data, run_dir)
+    text = " ".join(second.stdout.split())
+    assert "Skipping invalid checkpoint" in text and f".tmp-step-{STEPS:08d}" in text
+    assert f"Resuming from {run_dir}/checkpoints/step-{N:08d}" in text
+    assert_resumed_exactly(run_dir, reference)
+
+
+@pytest.mark.slow
+def test_sigterm_during_startup_imports_is_caught_and_resumes_exactly(workdir, config, data, reference):
+    run_dir = workdir / "early_sigterm"
+    process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
+                                str(data), "--run-dir", str(run_dir)], env=pretrain_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.7)  # inside `import torch` / accelerate
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 75, f"{out}\n{err}"
+    assert max(train_losses(run_dir)) == 1  # the first step finished, then the run stopped
+    resume(config, data, run_dir)
+    assert_resumed_exactly(run_dir, reference, start=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient accumulation, world size (DDP equivalence)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def no_dropout_baseline(workdir, data):
+    """1 process, batch 8, no accumulation, dropout 0: what accumulation and 2 ranks must reproduce."""
+    config = write_config(workdir / "nodrop.yaml", model={"hidden_dropout_prob": 0.0},
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": 0})
+    run_dir = workdir / "nodrop"
+    result = run_pretrain(config, data, run_dir)
+    assert result.returncode == 0, explain(result)
+    return run_dir
+
+
+def test_accumulation_matches_full_batch_and_resumes_exactly(workdir, data, no_dropout_baseline):
+    config = write_config(workdir / "accumulate.yaml", model={"hidden_dropout_prob": 0.0},
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": 0,
+                                 "gradient_accumulation_steps": 2})
+    reference_dir = workdir / "accumulate_ref"
+    resume(config, data, reference_dir)
+    baseline, accumulated = train_losses(no_dropout_baseline), train_losses(reference_dir)
+    for step in baseline:  # 2 micro-batches of 4 ≡ 1 of 8 up to float rounding
+        assert accumulated[step] == pytest.approx(baseline[step], abs=1e-5)
+
+    run_dir = workdir / "accumulate_resumed"
+    first = run_pretrain(config, data, run_dir, "--set", f"train.stop_at_step={N}")
+    assert first.returncode == 0, explain(first)
+    resume(config, data, run_dir)
+    assert_resumed_exactly(run_dir, reference_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_match_one_process_with_twice_the_batch(workdir, data, no_dropout_baseline):
+    config = write_config(workdir / "nodrop2.yaml", model={"hidden_dropout_prob": 0.0},
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": 0})
+    run_dir = workdir / "ddp"
+    result = run_pretrain(config, data, run_dir, nproc=2)
+    assert result.returncode == 0, explain(result)
+    assert "on 2 process(es), 4 sequences per micro-batch" in " ".join(result.stdout.split())
+    single, double = train_losses(no_dropout_baseline), train_losses(run_dir)
+    assert sorted(double) == sorted(single)
+    for step in single:
+        assert double[step] == pytest.approx(single[step], abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_with_accumulation_resume_exactly_after_sigterm(workdir, data):
+    config = write_config(workdir / "ddp_accumulate.yaml",
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": N,
+                                 "gradient_accumulation_steps": 2})
+    reference_dir = workdir / "ddp_ref"
+    resume(config, data, reference_dir, nproc=2)
+    run_dir = workdir / "ddp_sigterm"
+    # Only rank 0 receives the signal: the all-reduced flag must stop both ranks after the same step.
+    first = run_pretrain(config, data, run_dir, nproc=2, env=pretrain_env(BERTRAIN_TEST_SIGNAL_AT_STEP=str(N)))
+    assert first.returncode != 0, explain(first)
+    assert (run_dir / "checkpoints" / f"step-{N:08d}" / "rng-rank00001.pt").is_file()
+    assert max(train_losses(run_dir)) == N
+    resume(config, data, run_dir, nproc=2)
+    assert_resumed_exactly(run_dir, reference_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# What may change between a checkpoint and its resumption
+# ---------------------------------------------------------------------------------------------
+
+
+def _resume_cli(run_cli, config, data, run_dir, *args):
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(data), "--run-dir", str(run_dir),
+                             *args)
+    return code, " ".join((out + err).split())
+
+
+def test_changed_settings_are_refused_with_a_diff(run_cli, workdir, config, data, reference, tmp_path,
+                                                  fresh_accelerate):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(reference, run_dir)
+    code, text = _resume_cli(run_cli, config, data, run_dir, "--set", "model.hidden_size=64")
+    assert code == 2 and "model.hidden_size: 32 → 64" in text and "cannot be overridden" in text
+    code, text = _resume_cli(run_cli, config, data, run_dir, "--set", "model.hidden_size=64", "--force")
+    assert code == 2 and "model.hidden_size" in text
+
+    code, text = _resume_cli(run_cli, config, data, run_dir, "--set", "optim.lr=0.01")
+    assert code == 2 and "optim.lr: 0.001 → 0.01" in text and "--force" in text
+
+    other = make_prepared_dir(tmp_path / "other", kind="wordpiece", num_documents=100, seed=3)
+    code, text = _resume_cli(run_cli, config, other, run_dir)
+    assert code == 2 and "data fingerprint" in text
+
+    # Changes that do not affect the result pass: log/eval cadence; with --force, the lr too.
+    code, text = _resume_cli(run_cli, config, data, run_dir, "--set", "train.log_every=5")
+    assert code == 0, text
+    code, text = _resume_cli(run_cli, config, data, run_dir, "--set", "optim.name=lamb", "--force")
+    assert code == 2 and "optim.name" in text and "cannot be overridden" in text
+    # --force: the new lr and the longer schedule apply from the checkpoint on (not the saved ones).
+    code, text = _resume_cli(run_cli, config, data, run_dir, "--set", "optim.lr=0.01", "--set",
+                             f"train.max_steps={STEPS + 2}", "--force")
+    assert code == 0 and "--force: resuming despite: optim.lr" in text and "train.max_steps" in text
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+           if r["kind"] == "train"}
+    warmup = TINY["optim"]["warmup_steps"]
+    for step in (STEPS + 1, STEPS + 2):  # linear decay over the new length, from the new peak
+        assert lrs[step] == pytest.approx(0.01 * (1 - (step - 1 - warmup) / (STEPS + 2 - warmup)))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_mlm_only_objective_under_ddp_matches_one_process(workdir, data):
+    # objective none leaves the pooler and sentence head out of the loss: DDP must still get every gradient.
+    config = write_config(workdir / "mlm_only.yaml", data={"objective": "none"}, model={"hidden_dropout_prob": 0.0},
+                          train={"max_steps": 3, "save_every": 3, "eval_every": 0})
+    single, double = workdir / "mlm_only_1", workdir / "mlm_only_2"
+    resume(config, data, single)
+    resume(config, data, double, nproc=2)
+    one, two = train_losses(single), train_losses(double)
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=1e-5)

@@ -1,0 +1,113 @@
+"""examples/slurm/pretrain.sbatch on a real (single-node) SLURM: preempt with USR1, requeue, resume.
+
+tests/slurm/install_slurm.sh installs and starts SLURM from Debian's packages (CI runs it); where
+no SLURM controller answers, the test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers_data import make_prepared_dir
+from tests.test_pretrain import (ROOT, assert_same_weights, explain, final_weights, pretrain_env, run_pretrain,
+                                 train_losses, write_config)
+
+SBATCH = ROOT / "examples" / "slurm" / "pretrain.sbatch"
+STEPS = 12
+
+
+def slurm_ready() -> str | None:
+    """None when a SLURM node can run jobs here, else why not."""
+    if not shutil.which("sbatch") or not shutil.which("sinfo"):
+        return "SLURM is not installed (run tests/slurm/install_slurm.sh as root)"
+    try:
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"sinfo failed: {error}"
+    if not re.search(r"\b(idle|mixed|allocated)\b", states):
+        return f"no usable SLURM node (sinfo states: {states.strip() or 'none'}); run tests/slurm/install_slurm.sh"
+    return None
+
+
+def job_field(job: str, name: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=20).stdout
+    match = re.search(rf"\b{name}=(\S+)", out)
+    return match.group(1) if match else ""
+
+
+def test_template_is_valid_bash_with_the_multi_node_launch():
+    text = SBATCH.read_text()
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+    for needed in ("#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "--num_machines \"$NNODES\"",
+                   "--machine_rank \"$SLURM_NODEID\"", "--main_process_ip \"$MAIN_IP\"", "scontrol requeue",
+                   "--resume auto", "srun"):
+        assert needed in text, needed
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.multiprocess
+def test_preempted_job_is_requeued_and_finishes_like_an_uninterrupted_run(tmp_path):
+    reason = slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=120)
+    config = write_config(tmp_path / "slurm.yaml", train={"max_steps": STEPS, "save_every": 4, "eval_every": 6})
+
+    reference = tmp_path / "reference"
+    result = run_pretrain(config, data, reference, nproc=2)
+    assert result.returncode == 0, explain(result)
+
+    run_dir, log = tmp_path / "slurm_run", tmp_path / "job.out"
+    env = pretrain_env(BERTRAIN_CONFIG=str(config), BERTRAIN_DATA=str(data), BERTRAIN_RUN_DIR=str(run_dir),
+                       BERTRAIN_PYTHON=sys.executable, BERTRAIN_PROCS_PER_NODE="2", BERTRAIN_MIXED_PRECISION="no",
+                       BERTRAIN_PORT=str(29700 + (int(time.time()) % 200)),
+                       BERTRAIN_TEST_STEP_DELAY="0.3")  # slow steps so the signal lands mid-run
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2", "--time=15",
+         f"--output={log}", f"--chdir={tmp_path}", str(SBATCH)],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:  # wait for a few steps of training
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines()
+                                         if '"train"' in line) >= 3:
+                break
+            assert job_field(job, "JobState") in ("PENDING", "RUNNING", "CONFIGURING"), log.read_text()
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"job {job} did not start training:\n{log.read_text() if log.exists() else ''}")
+        # What `#SBATCH --signal=B:USR1@120` does near the time limit, now.
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, timeout=30)
+
+        deadline = time.time() + 400  # requeued jobs wait cred_expire (10 s in our test cluster)
+        while time.time() < deadline:
+            state = job_field(job, "JobState")
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                break
+            time.sleep(2)
+        text = log.read_text()
+        assert state == "COMPLETED", f"job {job} ended {state}:\n{text[-5000:]}"
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+    assert job_field(job, "Restarts") == "1"
+    assert "received SIGUSR1" in text and f"requeueing job {job}" in text and "(restart 1)" in text
+    resumed = re.search(r"Resuming from \S+step-(\d+)", " ".join(text.split()))
+    assert resumed and 0 < int(resumed.group(1)) < STEPS, text[-3000:]
+    ours, theirs = train_losses(run_dir), train_losses(reference)
+    assert sorted(ours) == list(range(1, STEPS + 1))
+    assert ours == theirs  # every step, including the final loss, bit for bit
+    assert_same_weights(final_weights(run_dir, STEPS), final_weights(reference, STEPS))
+    state = json.loads((run_dir / "checkpoints" / f"step-{STEPS:08d}" / "train_state.json").read_text())
+    assert state["step"] == STEPS and state["world_size"] == 2

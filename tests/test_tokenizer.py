@@ -1,0 +1,103 @@
+"""Tokenizer training: special-token ids, determinism, small corpora, and transformers round trips."""
+
+import json
+
+import pytest
+
+from bertrain.config import TokenizerConfig
+from bertrain.data.corpus import pydoc_paragraphs
+from bertrain.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_tokenizer
+from bertrain.errors import DataError
+
+SAMPLES = ["The if statement is used for conditional execution.",
+           "Héllo Wörld, it's 2023! Numbers like 3.14 and e.g. [MASK] tokens.",
+           "A completely unseen wordzzyx appears here."]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    texts = list(pydoc_paragraphs())
+    out = {}
+    for kind in ("wordpiece", "unigram"):
+        directory = tmp_path_factory.mktemp(kind)
+        stats = train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=600), directory,
+                                validation_texts=texts[:100])
+        out[kind] = (directory, stats)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_special_tokens_and_stats(trained, kind):
+    directory, stats = trained[kind]
+    tokenizer = load_tokenizer(directory)
+    assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS[kind].values()] == [0, 1, 2, 3, 4]
+    assert stats["vocab_size"] == tokenizer.get_vocab_size() == 600
+    assert 1.0 < stats["tokens_per_word"] < 3.0 and 0 <= stats["unk_rate"] < 0.01
+    marker = "##" if kind == "wordpiece" else "▁"
+    assert sum(marker in token for token in tokenizer.get_vocab()) > 100
+    pair = tokenizer.encode("First part.", "Second part.")
+    sep = pair.ids.index(3)
+    assert pair.ids[0] == 2 and pair.ids[-1] == 3
+    assert pair.type_ids == [0] * (sep + 1) + [1] * (len(pair.ids) - sep - 1)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_auto_tokenizer_round_trip(trained, kind):
+    transformers = pytest.importorskip("transformers")
+    directory, _ = trained[kind]
+    tokenizer = load_tokenizer(directory)
+    hf = transformers.AutoTokenizer.from_pretrained(str(directory))
+    assert hf.model_input_names == ["input_ids", "token_type_ids", "attention_mask"]
+    assert (hf.pad_token_id, hf.unk_token_id, hf.cls_token_id, hf.sep_token_id, hf.mask_token_id) == (0, 1, 2, 3, 4)
+    for text in SAMPLES + list(pydoc_paragraphs()[:20]):
+        assert hf(text)["input_ids"] == tokenizer.encode(text).ids
+    encoded = hf(SAMPLES[0], SAMPLES[1])
+    reference = tokenizer.encode(SAMPLES[0], SAMPLES[1])
+    assert encoded["input_ids"] == reference.ids and encoded["token_type_ids"] == reference.type_ids
+    assert 1 in encoded["token_type_ids"]
+    assert hf("x [MASK] y")["input_ids"].count(4) == 1
+    batch = hf(SAMPLES, padding=True)
+    assert {len(ids) for ids in batch["input_ids"]} == {max(len(tokenizer.encode(t).ids) for t in SAMPLES)}
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_training_is_deterministic_and_uses_at_most_max_bytes(tmp_path, kind):
+    # The Rust trainers iterate randomly seeded hash maps; without canonicalization these differ
+    # from run to run (WordPiece: "##x" ids and tied merges; Unigram: tied character scores).
+    texts = list(pydoc_paragraphs())
+    for vocab_size, max_bytes in ((400, 60_000), (3000, 10**9)):
+        hashes = set()
+        for run in range(3):
+            config = TokenizerConfig(kind=kind, vocab_size=vocab_size, max_bytes=max_bytes)
+            stats = train_tokenizer(iter(texts), config, tmp_path / f"{vocab_size}-{run}")
+            assert max_bytes <= stats["training_chars"] < max_bytes + max(map(len, texts)) or max_bytes == 10**9
+            hashes.add(stats["sha256"])
+        assert len(hashes) == 1
+
+
+def test_accent_and_case_settings(tmp_path):
+    texts = list(pydoc_paragraphs())[:300] + ["Café naïve résumé."] * 5
+    cased = train_tokenizer(texts, TokenizerConfig(vocab_size=500, lowercase=False), tmp_path / "cased")
+    tokenizer = load_tokenizer(tmp_path / "cased")
+    assert tokenizer.normalizer.lowercase is False and cased["vocab_size"] == 500
+    assert "Café" in tokenizer.decode(tokenizer.encode("Café").ids)
+    train_tokenizer(texts, TokenizerConfig(vocab_size=500), tmp_path / "uncased")
+    uncased = load_tokenizer(tmp_path / "uncased")
+    assert uncased.decode(uncased.encode("Café").ids) == "cafe"
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_small_corpus_gives_smaller_vocab_or_clear_error(tmp_path, kind):
+    texts = ["a tiny corpus with few words."] * 3
+    try:
+        stats = train_tokenizer(texts, TokenizerConfig(kind=kind, vocab_size=5000), tmp_path)
+    except DataError as error:
+        assert "vocab_size" in str(error)
+    else:
+        assert stats["vocab_size"] < stats["vocab_size_requested"] == 5000
+        assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"]
+
+
+def test_empty_text_is_an_error(tmp_path):
+    with pytest.raises(DataError, match="No text"):
+        train_tokenizer([], TokenizerConfig(vocab_size=100), tmp_path)
