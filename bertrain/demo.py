@@ -56,6 +56,7 @@ class DemoResult:
 
     model: str
     out: str
+    quick: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     corpus: dict[str, Any] = field(default_factory=dict)
@@ -331,7 +332,7 @@ def run_demo(model: str = "albert", out: Path = Path("bertrain-demo"), steps: Op
     config_name = MODELS[model]["config"]
     paths = {"corpus": out / "corpus", "recipe": out / "recipe.yaml", "data": out / "data", "run": out / "run",
              "model": out / "model", "summary": out / "summary.json"}
-    result = DemoResult(model=model, out=str(out), paths={k: str(v) for k, v in paths.items()})
+    result = DemoResult(model=model, out=str(out), quick=quick, paths={k: str(v) for k, v in paths.items()})
     started = time.perf_counter()
 
     def stage(number: int, title: str) -> None:
@@ -445,6 +446,8 @@ def print_summary(result: DemoResult, console: Console) -> None:
         mark = "[green]✓[/]" if passed else "[yellow]✗[/]"
         console.print(f"{mark} {check}", highlight=False)
     if result.checks and not all(result.checks.values()):
-        console.print("[yellow]Some evidence of learning is missing: train longer with --steps N.[/]")
+        hint = ("--quick checks the pipeline, not the learning: run without it" if result.quick
+                else "train longer with --steps N")
+        console.print(f"[yellow]Some evidence of learning is missing: {hint}.[/]")
     console.print(f"\nNext: load it with transformers — AutoModelForMaskedLM.from_pretrained('{result.paths['model']}') "
                   f"— or try `bertrain fill-mask {result.paths['model']} \"Your [MASK] sentence.\"`.", highlight=False)

@@ -83,7 +83,7 @@ def test_python_words_are_python():
 def test_demo_end_to_end_shows_learning(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", COLUMNS="250")
-    result = subprocess.run([sys.executable, "-m", "bertrain", "demo", "--out", str(out), "--steps", "240"],
+    result = subprocess.run([sys.executable, "-m", "bertrain", "demo", "--out", str(out), "--steps", "400"],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -92,13 +92,13 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     # Loss fell: first vs last logged training loss, read straight from metrics.jsonl.
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("kind", "train") == "train"]
-    assert train[-1]["step"] == 240
+    assert train[-1]["step"] == 400
     assert train[-1]["loss"] < 0.8 * train[0]["loss"]
     assert figures["first_loss"] == train[0]["loss"] and figures["last_loss"] == train[-1]["loss"]
 
     # Validation MLM accuracy clearly above always guessing the most frequent token.
     evals = [r for r in records if r.get("kind") == "eval"]
-    assert evals and evals[-1]["step"] == 240
+    assert evals and evals[-1]["step"] == 400
     assert figures["val_mlm_accuracy"] == evals[-1]["mlm_accuracy"]
     assert 0.01 < figures["baseline_accuracy"] < 0.2
     # ~1000 masked positions: the binomial std of a 9% baseline is ~0.9 points, so 1.3x is > 3 std.

@@ -22,8 +22,8 @@ def demo(
 ) -> None:
     """Prepare CPython's documentation, train a tokenizer, pretrain a tiny model, export it, fill masks.
 
-    No network is used. On 2 CPU cores the default ALBERT demo takes about 5 minutes and ends with a
-    summary: time per stage, losses, validation MLM accuracy against the most-frequent-token baseline,
+    No network is used. On 2 idle CPU cores the default ALBERT demo (2000 steps) takes about 5 minutes
+    and ends with a summary: time per stage, losses, validation MLM accuracy against the most-frequent-token baseline,
     fill-mask predictions and where everything was written (OUT/summary.json has the figures).
 
     Example: bertrain demo --model bert --out bertrain-demo-bert

@@ -40,6 +40,7 @@ class PreTrainingModel(nn.Module):
 
     embeddings: Embeddings
     prune_last_layer = True  # with labels, run the last layer only where the losses look (needed_rows)
+    sparse_embedding_grad = True  # with labels, see Embeddings.forward
 
     def __init__(self, config):
         super().__init__()
@@ -78,7 +79,8 @@ class PreTrainingModel(nn.Module):
         else:
             predicted = labels != -100
             # With labels the tied decoder always yields a dense embedding gradient, so the lookup's can be sparse.
-            sparse_grad = (self.training and torch.is_grad_enabled() and self.decoder_weight.requires_grad
+            sparse_grad = (self.sparse_embedding_grad and self.training and torch.is_grad_enabled()
+                           and self.decoder_weight.requires_grad
                            and not torch.compiler.is_compiling())
             rows = needed_rows(predicted) if self.prune_last_layer else None
             hidden = self.encode(input_ids, attention_mask, token_type_ids, sparse_grad, rows)  # [B, K or T, H]
