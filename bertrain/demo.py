@@ -2,8 +2,8 @@
 
 Stages run as subprocesses of the real CLI (`python -m bertrain prepare|pretrain|export`), so the
 demo exercises exactly what a user types, each stage shows its own progress, and a crash in one
-stage cannot leave the demo's process in a half-initialized state. Fill-mask loads the exported
-directory with `transformers`, which also proves the export is a valid Hugging Face model.
+stage cannot leave the demo's process in a half-initialized state. Fill-mask reads the exported
+Hugging Face directory back through bertrain's importer; the tests load it with `transformers`.
 """
 
 from __future__ import annotations
@@ -238,40 +238,38 @@ def _token_string(tokenizer_dir: Path, token_id: int) -> str:
 
 
 def fill_mask(model_dir: Path, sentences: tuple[str, ...], top_k: int = 5) -> list[dict[str, Any]]:
-    """Top-k predictions for the [MASK] of each sentence, with transformers loading the exported model."""
+    """Top-k whole-word predictions for the [MASK] of each sentence, from the exported directory read
+    back through bertrain's Hugging Face importer (transformers is not needed at run time)."""
     import torch
-    import transformers
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from tokenizers import Tokenizer
 
-    transformers.logging.set_verbosity_error()  # the pooler/SOP head are unused here: no load report
-    transformers.logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()
-    is_word = torch.tensor(whole_word_tokens(tokenizer.convert_ids_to_tokens(list(range(model.config.vocab_size))),
-                                             set(tokenizer.all_special_ids)))
+    from bertrain.model.hf import load_for_inference
+
+    model, tokenizer_dir = load_for_inference(model_dir)
+    tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    vocabulary = [tokenizer.id_to_token(i) or "" for i in range(model.config.vocab_size)]
+    mask_id = tokenizer.token_to_id("[MASK]")
+    special_ids = {i for i, token in enumerate(vocabulary) if token in SPECIAL_TOKEN_STRINGS}
+    is_word = torch.tensor(whole_word_tokens(vocabulary, special_ids))
     results = []
     for sentence in sentences:
-        ids = tokenizer(sentence.replace("[MASK]", tokenizer.mask_token))["input_ids"]
-        positions = [i for i, token_id in enumerate(ids) if token_id == tokenizer.mask_token_id]
+        encoding = tokenizer.encode(sentence)
+        positions = [i for i, token_id in enumerate(encoding.ids) if token_id == mask_id]
         if len(positions) != 1:
             raise BertrainError(f"Fill-mask: '{sentence}' has {len(positions)} mask tokens after tokenizing; "
-                                f"the exported tokenizer does not keep {tokenizer.mask_token} whole.")
-        position = positions[0]
-        # A Unigram (Metaspace) tokenizer puts a bare word marker before a [MASK] that stands alone as a
-        # word; training never sees "▁" + word piece, so the word itself (with its marker) is masked.
-        if position > 0 and tokenizer.convert_ids_to_tokens(ids[position - 1]) == "▁":
-            del ids[position - 1]
-            position -= 1
-        input_ids = torch.tensor([ids])
+                                f"the exported tokenizer does not keep [MASK] whole.")
+        input_ids = torch.tensor([encoding.ids])
         with torch.no_grad():
-            logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                           token_type_ids=torch.zeros_like(input_ids)).logits[0, position]  # [vocab]
+            logits = model(input_ids, torch.ones_like(input_ids), torch.tensor([encoding.type_ids])).mlm_logits
         # The mask stands for a word: rank only tokens that can be one (not "▁" alone, "##ing", "s").
-        top = logits.softmax(-1).masked_fill(~is_word, 0.0).topk(top_k)
-        words = [_clean_piece(tokenizer.convert_ids_to_tokens(int(i))) for i in top.indices]
+        top = logits[0, positions[0]].softmax(-1).masked_fill(~is_word, 0.0).topk(top_k)
+        words = [_clean_piece(vocabulary[int(i)]) for i in top.indices]
         results.append({"sentence": sentence, "predictions": [
             {"token": word, "score": round(float(p), 4)} for word, p in zip(words, top.values)]})
     return results
+
+
+SPECIAL_TOKEN_STRINGS = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<pad>", "<unk>"}
 
 
 def whole_word_tokens(vocabulary: list[str], special_ids: set[int]) -> list[bool]:
@@ -364,7 +362,7 @@ def run_demo(model: str = "albert", out: Path = Path("bertrain-demo"), steps: Op
     stage(4, "export: Hugging Face format")
     timed("export", run_cli_stage, "export", ["export", str(paths["run"]), str(paths["model"])], console)
 
-    stage(5, "fill-mask: transformers loads the export and fills in [MASK]")
+    stage(5, "fill-mask: the exported model fills in [MASK]")
     result.fill_mask = timed("fill-mask", fill_mask, paths["model"], FILL_MASK_SENTENCES)
     result.seconds["total"] = time.perf_counter() - started
 

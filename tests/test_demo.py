@@ -111,3 +111,16 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     assert set(summary["seconds"]) == {"corpus", "prepare", "pretrain", "export", "fill-mask", "total"}
     for text in ("time per stage", "validation MLM accuracy", "most frequent token", "fill-mask", str(out / "model")):
         assert text in " ".join(result.stdout.split()) or text in result.stdout, text
+
+    # The README's fine-tuning snippet works on the export, with the pretrained encoder weights.
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model", num_labels=2)
+    batch = tokenizer(["a great film", "a waste of time"], padding=True, return_tensors="pt")
+    assert model(**batch).logits.shape == (2, 2)
+    exported = load_file(out / "model" / "model.safetensors")
+    name = "albert.embeddings.word_embeddings.weight"
+    assert torch.equal(model.state_dict()[name], exported[name])

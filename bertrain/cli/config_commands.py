@@ -10,7 +10,9 @@ from rich.table import Table
 
 from bertrain.cli.app import SetOption, app, console
 
-config_app = typer.Typer(help="Show resolved configs and the config reference.", no_args_is_help=True)
+config_app = typer.Typer(
+    help="Show resolved configs and the config reference.\n\nExample: bertrain config show albert_base --explain",
+    short_help="Show resolved configs and the config reference.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 

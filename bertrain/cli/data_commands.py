@@ -9,7 +9,9 @@ import typer
 
 from bertrain.cli.app import SetOption, app, console
 
-tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
+tokenizer_app = typer.Typer(
+    help="Train tokenizers.\n\nExample: bertrain tokenizer train --source corpus/ --kind unigram --vocab-size 8000 --out tok/",
+    short_help="Train tokenizers.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
 
 RecipeOption = typer.Option(None, "--recipe", "-r", help="Data recipe YAML, or a shipped recipe name (pydoc).")

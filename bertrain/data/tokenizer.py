@@ -147,6 +147,8 @@ def canonical(tokenizer: Any, kind: str) -> Any:
     data = json.loads(tokenizer.to_str())
     specials = set(SPECIAL_TOKENS[kind].values())
     data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] in specials]
+    for token in data["added_tokens"]:
+        token["lstrip"] = _absorbs_space_before(kind, token["content"])
     if kind == "unigram":
         vocab = data["model"]["vocab"]
         head = [[piece, 0.0] for piece, _ in vocab[:len(specials)]]
@@ -156,6 +158,12 @@ def canonical(tokenizer: Any, kind: str) -> Any:
         data["model"]["vocab"] = head + rest
         data["model"]["unk_id"] = SPECIAL_IDS["unk"]
     return Tokenizer.from_str(json.dumps(data))
+
+
+def _absorbs_space_before(kind: str, token: str) -> bool:
+    """Unigram's [MASK] takes the space before it (as ALBERT's tokenizer does): "the [MASK] is" must
+    encode as ▁the [MASK] ▁is, like a masked training word, not ▁the ▁ [MASK] ▁is."""
+    return kind == "unigram" and token == SPECIAL_TOKENS["unigram"]["mask"]
 
 
 def _canonical_penalty_chars(pieces: list[list]) -> None:
@@ -275,7 +283,8 @@ def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bo
     added = {}
     for name, token in specials.items():
         token_id = tokenizer.token_to_id(token)
-        added[str(token_id)] = {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
+        added[str(token_id)] = {"content": token, "lstrip": _absorbs_space_before(kind, token), "normalized": False,
+                                "rstrip": False,
                                 "single_word": False, "special": True}
     wrapper = {
         "tokenizer_class": "PreTrainedTokenizerFast",
