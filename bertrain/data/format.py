@@ -77,6 +77,15 @@ def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_o
             "tokens": int(len(tokens))}
 
 
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def fingerprint(manifest: dict[str, Any]) -> str:
     """sha256 of the manifest's content without its own fingerprint."""
     content = {k: v for k, v in manifest.items() if k != "fingerprint"}

@@ -36,7 +36,8 @@ import numpy as np
 
 from bertrain.config import PrepareConfig, Recipe, TokenizerConfig
 from bertrain.data import corpus
-from bertrain.data.format import SPLITS, open_prepared, shard_paths, token_dtype_for, write_manifest, write_shard
+from bertrain.data.format import (SPLITS, file_sha256, open_prepared, shard_paths, token_dtype_for, write_manifest,
+                                  write_shard)
 from bertrain.errors import DataError, UsageError
 
 STAGE_VERSION = 1            # bump when a change makes old intermediate outputs invalid
@@ -427,7 +428,7 @@ def build_tokenizer(out: Path, documents: dict[str, Any], config: TokenizerConfi
         console.print(f"Using the existing {kind} tokenizer {tokenizer_path} "
                       f"({loaded.get_vocab_size():,} tokens).")
         return {"kind": kind, "vocab_size": loaded.get_vocab_size(), "source": str(tokenizer_path),
-                "sha256": tok.file_sha256(target / "tokenizer.json")}
+                "sha256": file_sha256(target / "tokenizer.json")}
     paths = [out / WORK / "documents" / "train" / f"{s['name']}.txt" for s in documents["shards"]["train"]]
     total = sum(s["chars"] for s in documents["shards"]["train"])
     with console.status(f"Training the {config.kind} tokenizer (vocab {config.vocab_size:,}) on "
@@ -677,7 +678,7 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int
                            "inputs": [[item.path, item.format, item.size, item.mtime_ns]
                                       for _, items in inputs for item in items]})
     if tokenizer_config.path:
-        from bertrain.data.tokenizer import file_sha256, tokenizer_file
+        from bertrain.data.tokenizer import tokenizer_file
 
         tokenizer_path_file = tokenizer_file(tokenizer_config.path)
         if not tokenizer_path_file.is_file():

@@ -7,7 +7,6 @@ holds tokenizer.json plus the small wrapper files transformers.AutoTokenizer nee
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from bertrain.config import TokenizerConfig
+from bertrain.data.format import file_sha256
 from bertrain.errors import DataError
 
 SPECIAL_TOKENS = {
@@ -263,14 +263,6 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
         flush()
     return {"unk_rate": unknown / tokens if tokens else 0.0, "tokens_per_word": tokens / words if words else 0.0,
             "measured_words": words}
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bool = True,

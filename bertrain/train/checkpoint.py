@@ -12,12 +12,13 @@ of a save leaves the previous checkpoint as the newest valid one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator
+
+from bertrain.data.format import file_sha256
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -42,14 +43,6 @@ def step_of(path: str | Path) -> int | None:
         return None
     digits = name[len(PREFIX):]
     return int(digits) if digits.isdigit() else None
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fsync_path(path: Path) -> None:
@@ -93,11 +86,11 @@ def temporary_dir(run_dir: str | Path, step: int) -> Path:
 def finish_save(tmp: Path, keep_last: int | None = None) -> Path:
     """Checksum every file, write COMPLETE last, fsync, rename to step-XXXXXXXX, then rotate."""
     files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name not in (MARKER, CHECKSUMS))
-    checksums = {p.name: sha256_file(p) for p in files}
+    checksums = {p.name: file_sha256(p) for p in files}
     for p in files:
         fsync_path(p)
     write_text_file(tmp / CHECKSUMS, json.dumps(checksums, indent=1, sort_keys=True))
-    write_text_file(tmp / MARKER, sha256_file(tmp / CHECKSUMS) + "\n")
+    write_text_file(tmp / MARKER, file_sha256(tmp / CHECKSUMS) + "\n")
     fsync_path(tmp)
     final = tmp.parent / tmp.name.replace(TMP_PREFIX, PREFIX, 1)
     if final.exists():  # an older save of the same step (e.g. a run resumed before it): replace it
@@ -119,7 +112,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
         return f"no {MARKER} marker (the save did not finish)"
     if not sums.is_file():
         return f"no {CHECKSUMS}"
-    if marker.read_text().strip() != sha256_file(sums):
+    if marker.read_text().strip() != file_sha256(sums):
         return f"{CHECKSUMS} does not match the {MARKER} marker"
     try:
         checksums = json.loads(sums.read_text())
@@ -129,7 +122,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
-        if sha256_file(file) != expected:
+        if file_sha256(file) != expected:
             return f"{name} is damaged (checksum mismatch)"
     return None
 
