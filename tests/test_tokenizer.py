@@ -1,6 +1,8 @@
 """Tokenizer training: special-token ids, determinism, small corpora, and transformers round trips."""
 
+import collections
 import json
+import re
 
 import pytest
 
@@ -73,6 +75,23 @@ def test_training_is_deterministic_and_uses_at_most_max_bytes(tmp_path, kind):
             assert max_bytes <= stats["training_chars"] < max_bytes + max(map(len, texts)) or max_bytes == 10**9
             hashes.add(stats["sha256"])
         assert len(hashes) == 1
+
+
+def test_unigram_keeps_frequent_words_whole(tmp_path):
+    # The Rust trainer only seeds pieces found in two distinct word types; trained on punctuation-split
+    # words it dropped "▁this", "▁and", "▁are" (encoded "▁thi s", "▁ and"): 16 of these 50 words split.
+    texts = list(pydoc_paragraphs())
+    counts = collections.Counter(word for text in texts for word in re.findall(r"[a-z]+", text.lower()))
+    frequent = [word for word, _ in counts.most_common(50)]
+    stats = train_tokenizer(texts, TokenizerConfig(kind="unigram", vocab_size=3000), tmp_path, validation_texts=texts)
+    # ~1 MB of text has fewer useful pieces than 3000 (was 2233 pieces at 1.86 tokens per word, now 2522 at 1.59).
+    assert 2400 <= stats["vocab_size"] <= 3000 and stats["tokens_per_word"] < 1.7
+    tokenizer = load_tokenizer(tmp_path)
+    split = [word for word in frequent if len(tokenizer.encode(word, add_special_tokens=False).ids) > 1]
+    assert len(split) <= 5, split
+    assert tokenizer.encode("this and that are", add_special_tokens=False).tokens == ["▁this", "▁and", "▁that", "▁are"]
+    pieces = tokenizer.get_vocab()
+    assert not [piece for piece in pieces if "▁" in piece[1:]], "pieces the pre-tokenizer can never produce"
 
 
 def test_accent_and_case_settings(tmp_path):

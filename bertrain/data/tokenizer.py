@@ -23,6 +23,9 @@ SPECIAL_TOKENS = {
 }
 SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
 WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
+# How Unigram text is cut before the model sees it: words, single digits, punctuation runs.
+UNIGRAM_SPLIT = r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"
+UNIGRAM_SLACK = 1.5
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 TRAIN_BATCH_CHARS = 1 << 20
 
@@ -31,10 +34,12 @@ def _strip_accents(config: TokenizerConfig) -> bool:
     return config.lowercase if config.strip_accents is None else config.strip_accents
 
 
-def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = ()) -> tuple[Any, Any]:
+def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
+                    trainer_size: Optional[int] = None) -> tuple[Any, Any]:
     """(Tokenizer, trainer) for `config.kind` with normalizer, pre-tokenizer and decoder set.
 
-    `alphabet` (characters of the raw training text) fixes WordPiece's "##x" ids up front.
+    `alphabet` (characters of the raw training text) fixes WordPiece's "##x" ids up front;
+    `trainer_size` is the vocabulary the trainer is asked for (default: config.vocab_size).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -56,7 +61,7 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = ()) -> tu
         specials += [f"##{char}" for char in continuing]
         tokenizer.decoder = decoders.WordPiece(prefix="##")
         trainer = trainers.WordPieceTrainer(
-            vocab_size=config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
+            vocab_size=trainer_size or config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
             continuing_subword_prefix="##", show_progress=False)
         return tokenizer, trainer
     tokenizer = Tokenizer(models.Unigram())
@@ -67,18 +72,41 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = ()) -> tu
         steps += [normalizers.NFKD(), normalizers.StripAccents(), normalizers.NFC()]
     steps.append(normalizers.Replace(Regex(r"\s+"), " "))  # tabs and newlines too: "▁" marks spaces only
     tokenizer.normalizer = normalizers.Sequence(steps)
-    # Words, single digits and punctuation runs are split off first, each keeping the space before
-    # it, and Metaspace then marks that space as "▁". The Unigram trainer crashed on real prose with
-    # Metaspace alone; splitting punctuation and digits first avoids it, and keeping the space on the
-    # piece (as SentencePiece's '▁"' or '▁(') avoids a bare "▁" token before every punctuation mark.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"), behavior="isolated"),
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)])
+    # Trained on whitespace-separated words, encoded with punctuation split off (see unigram_pre_tokenizer):
+    # the Rust trainer seeds its pieces with substrings found in at least two distinct word types,
+    # so with punctuation split off first, frequent words that are no other word's substring
+    # ("▁this", "▁and", "▁are") never became pieces. Words carrying punctuation ("▁this,", "▁this.")
+    # supply the second type; the pieces that mix words and punctuation are dropped after training
+    # (`keep_usable_pieces`), which is why the trainer is asked for more (UNIGRAM_SLACK, then more if short).
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
     trainer = trainers.UnigramTrainer(
-        vocab_size=config.vocab_size, special_tokens=specials, unk_token="<unk>", max_piece_length=16,
-        show_progress=False)
+        vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials, unk_token="<unk>",
+        max_piece_length=16, show_progress=False)
     return tokenizer, trainer
+
+
+def unigram_pre_tokenizer() -> Any:
+    """Words, single digits and punctuation runs, each keeping the space before it, which Metaspace
+    marks as "▁" (as SentencePiece's '▁"' or '▁('), so there is no bare "▁" before every punctuation mark."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(UNIGRAM_SPLIT), behavior="isolated"),
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)])
+
+
+def keep_usable_pieces(pieces: list[list], size: int) -> list[list]:
+    """All single characters, then the best-scoring pieces the encoding pre-tokenizer can produce
+    (no "▁" inside, letters and punctuation not mixed, one digit at most), `size` pieces in all."""
+    from tokenizers import Regex, pre_tokenizers
+
+    split = pre_tokenizers.Split(Regex(UNIGRAM_SPLIT), behavior="isolated")
+    chars = [item for item in pieces if len(item[0]) == 1]
+    usable = [item for item in pieces
+              if len(item[0]) > 1 and len(split.pre_tokenize_str(item[0].replace("▁", " "))) == 1]
+    usable.sort(key=lambda item: (-item[1], item[0]))
+    return chars + usable[:max(0, size - len(chars))]
 
 
 def add_post_processor(tokenizer: Any, cls_token: str, sep_token: str) -> None:
@@ -133,7 +161,7 @@ def _spool(texts_or_files: Any, max_bytes: int, path: Path) -> tuple[int, set[st
     return chars, alphabet
 
 
-def canonical(tokenizer: Any, kind: str) -> Any:
+def canonical(tokenizer: Any, kind: str, vocab_size: int) -> Any:
     """The trained tokenizer with its arbitrary choices made deterministic.
 
     The Rust trainers iterate hash maps with random seeds: WordPiece numbers its "##x" alphabet in
@@ -141,6 +169,7 @@ def canonical(tokenizer: Any, kind: str) -> Any:
     tokens are turned back into ordinary vocabulary); Unigram's scores differ in the last bits, come
     in a random order, and tied characters get their small score offsets in a random order (scores
     are rounded, the tied characters' offsets reassigned in sorted order, and pieces sorted).
+    Unigram also keeps only the `vocab_size` pieces its encoding can use (see build_untrained).
     """
     from tokenizers import Tokenizer
 
@@ -153,6 +182,7 @@ def canonical(tokenizer: Any, kind: str) -> Any:
         vocab = data["model"]["vocab"]
         head = [[piece, 0.0] for piece, _ in vocab[:len(specials)]]
         rest = [[piece, round(score, 6)] for piece, score in vocab[len(specials):]]
+        rest = keep_usable_pieces(rest, vocab_size - len(specials))
         _canonical_penalty_chars(rest)
         rest.sort(key=lambda item: (-item[1], item[0]))
         data["model"]["vocab"] = head + rest
@@ -188,6 +218,29 @@ def _check_specials(tokenizer: Any, kind: str) -> dict[str, int]:
     return ids
 
 
+def _train_on_spool(config: TokenizerConfig, alphabet: set[str], spool: Path, chars: int) -> Any:
+    """Train and canonicalize; Unigram is trained once more, with more pieces, if too few were usable."""
+    trainer_size = int(config.vocab_size * UNIGRAM_SLACK) if config.kind == "unigram" else config.vocab_size
+    for _ in range(2):
+        tokenizer, trainer = build_untrained(config, alphabet, trainer_size)
+        try:
+            tokenizer.train([str(spool)], trainer=trainer)
+        except Exception as error:  # the Rust trainers raise plain exceptions on degenerate corpora
+            raise DataError(
+                f"Training the {config.kind} tokenizer (vocab_size {config.vocab_size}) failed on "
+                f"{chars:,} characters of text: {error}. The corpus may be too small for this "
+                f"vocabulary: lower tokenizer.vocab_size (e.g. --vocab-size 1000) or add text.") from None
+        trained = tokenizer.get_vocab_size()
+        if config.kind == "unigram":
+            tokenizer.pre_tokenizer = unigram_pre_tokenizer()
+        tokenizer = canonical(tokenizer, config.kind, config.vocab_size)
+        kept = tokenizer.get_vocab_size()
+        if kept >= 0.99 * config.vocab_size or trained < trainer_size:  # enough, or the corpus ran out
+            break
+        trainer_size = int(trainer_size * config.vocab_size / kept * 1.1)
+    return tokenizer
+
+
 def train_tokenizer(texts_or_files: Any, tokenizer_config: TokenizerConfig, out_dir: str | Path,
                     validation_texts: Optional[Iterable[str]] = None) -> dict[str, Any]:
     """Train a tokenizer on texts (strings, or paths of text files), save it to out_dir; return stats.
@@ -207,17 +260,9 @@ def train_tokenizer(texts_or_files: Any, tokenizer_config: TokenizerConfig, out_
         chars, alphabet = _spool(texts_or_files, config.max_bytes, spool)
         if chars == 0:
             raise DataError("No text to train the tokenizer on: every document was empty or skipped.")
-        tokenizer, trainer = build_untrained(config, alphabet)
-        try:
-            tokenizer.train([str(spool)], trainer=trainer)
-        except Exception as error:  # the Rust trainers raise plain exceptions on degenerate corpora
-            raise DataError(
-                f"Training the {config.kind} tokenizer (vocab_size {config.vocab_size}) failed on "
-                f"{chars:,} characters of text: {error}. The corpus may be too small for this "
-                f"vocabulary: lower tokenizer.vocab_size (e.g. --vocab-size 1000) or add text.") from None
+        tokenizer = _train_on_spool(config, alphabet, spool, chars)
     finally:
         spool.unlink(missing_ok=True)
-    tokenizer = canonical(tokenizer, config.kind)
     seconds = time.perf_counter() - start
     _check_specials(tokenizer, config.kind)
     specials = SPECIAL_TOKENS[config.kind]
