@@ -83,7 +83,8 @@ def test_python_words_are_python():
 def test_demo_end_to_end_shows_learning(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", COLUMNS="250")
-    result = subprocess.run([sys.executable, "-m", "bertrain", "demo", "--out", str(out), "--steps", "400"],
+    # The default demo, as a user runs it (~3 minutes on 2 idle cores): the learning bar is its own.
+    result = subprocess.run([sys.executable, "-m", "bertrain", "demo", "--out", str(out)],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -92,17 +93,24 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     # Loss fell: first vs last logged training loss, read straight from metrics.jsonl.
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("kind", "train") == "train"]
-    assert train[-1]["step"] == 400
-    assert train[-1]["loss"] < 0.8 * train[0]["loss"]
+    assert train[-1]["step"] == 2400
+    assert train[-1]["loss"] < 0.6 * train[0]["loss"]
     assert figures["first_loss"] == train[0]["loss"] and figures["last_loss"] == train[-1]["loss"]
 
     # Validation MLM accuracy clearly above always guessing the most frequent token.
     evals = [r for r in records if r.get("kind") == "eval"]
-    assert evals and evals[-1]["step"] == 400
+    assert evals and evals[-1]["step"] == 2400
     assert figures["val_mlm_accuracy"] == evals[-1]["mlm_accuracy"]
     assert 0.01 < figures["baseline_accuracy"] < 0.2
-    # ~1000 masked positions: the binomial std of a 9% baseline is ~0.9 points, so 1.3x is > 3 std.
-    assert figures["val_mlm_accuracy"] > 1.3 * figures["baseline_accuracy"]
+    # ~540 masked positions: the binomial std of a 5% baseline is ~0.9 points; measured 32-36% vs 4.6%.
+    assert figures["val_mlm_accuracy"] > 3 * figures["baseline_accuracy"]
+    assert figures["val_sentence_accuracy"] > 0.6
+
+    # Python keywords for 'The "[MASK]" statement is used to define a function.' (measured: with,
+    # global, import, yield, for), and every check the demo prints passed.
+    predictions = [p["token"].strip().lower() for p in summary["fill_mask"][0]["predictions"]]
+    assert set(predictions) & PYTHON_WORDS, predictions
+    assert summary["checks"] and all(summary["checks"].values()), summary["checks"]
 
     # The export is a Hugging Face model directory, and the summary shows what happened.
     assert (out / "model" / "config.json").is_file()

@@ -22,7 +22,7 @@ def demo(
 ) -> None:
     """Prepare CPython's documentation, train a tokenizer, pretrain a tiny model, export it, fill masks.
 
-    No network is used. On 2 idle CPU cores the default ALBERT demo (2000 steps) takes about 5 minutes
+    No network is used. On 2 idle CPU cores the default ALBERT demo (2400 steps) takes about 3 minutes
     and ends with a summary: time per stage, losses, validation MLM accuracy against the most-frequent-token baseline,
     fill-mask predictions and where everything was written (OUT/summary.json has the figures).
 
