@@ -83,7 +83,8 @@ def test_unigram_keeps_frequent_words_whole(tmp_path):
     texts = list(pydoc_paragraphs())
     counts = collections.Counter(word for text in texts for word in re.findall(r"[a-z]+", text.lower()))
     frequent = [word for word, _ in counts.most_common(50)]
-    stats = train_tokenizer(texts, TokenizerConfig(kind="unigram", vocab_size=3000), tmp_path, validation_texts=texts)
+    config = TokenizerConfig(kind="unigram", vocab_size=3000)
+    stats = train_tokenizer(texts, config, tmp_path, validation_texts=texts)
     # ~1 MB of text has fewer useful pieces than 3000 (was 2233 pieces at 1.86 tokens per word, now 2522 at 1.59).
     assert 2400 <= stats["vocab_size"] <= 3000 and stats["tokens_per_word"] < 1.7
     tokenizer = load_tokenizer(tmp_path)

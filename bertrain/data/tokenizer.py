@@ -61,8 +61,8 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
         specials += [f"##{char}" for char in continuing]
         tokenizer.decoder = decoders.WordPiece(prefix="##")
         trainer = trainers.WordPieceTrainer(
-            vocab_size=trainer_size or config.vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
-            continuing_subword_prefix="##", show_progress=False)
+            vocab_size=trainer_size or config.vocab_size, min_frequency=config.min_frequency,
+            special_tokens=specials, continuing_subword_prefix="##", show_progress=False)
         return tokenizer, trainer
     tokenizer = Tokenizer(models.Unigram())
     steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"'), normalizers.NFKC()]
@@ -235,8 +235,8 @@ def _train_on_spool(config: TokenizerConfig, alphabet: set[str], spool: Path, ch
             tokenizer.pre_tokenizer = unigram_pre_tokenizer()
         tokenizer = canonical(tokenizer, config.kind, config.vocab_size)
         kept = tokenizer.get_vocab_size()
-        if kept >= 0.99 * config.vocab_size or trained < trainer_size:  # enough, or the corpus ran out
-            break
+        if config.kind != "unigram" or kept >= 0.99 * config.vocab_size or trained < trainer_size:
+            break  # enough pieces, or the corpus has no more
         trainer_size = int(trainer_size * config.vocab_size / kept * 1.1)
     return tokenizer
 
