@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -49,13 +49,30 @@ def shard_paths(split_dir: Path, name: str) -> dict[str, Path]:
     return {part: split_dir / f"{name}.{part}.npy" for part in ("tokens", "sentences", "documents")}
 
 
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        np.save(handle, array)
-        handle.flush()
-        os.fsync(handle.fileno())
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (so a rename or a new entry survives a power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[Path], None], *, fsync: bool = False) -> None:
+    """Call `write(tmp)` on a sibling temporary file, then rename it to `path`: readers see the old file
+    or the new one, never half of one. `fsync` also makes the new content survive a power loss."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    if fsync:
+        fsync_path(tmp)
     os.replace(tmp, path)
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a file, not a name: np.save would append ".npy" to the name
+            np.save(handle, array)
+    write_atomic(path, write, fsync=True)
 
 
 def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_offsets: np.ndarray,
@@ -96,10 +113,8 @@ def write_manifest(data_dir: str | Path, manifest: dict[str, Any]) -> dict[str, 
     """Add format version and fingerprint and write manifest.json atomically."""
     manifest = dict(manifest, format_version=FORMAT_VERSION)
     manifest["fingerprint"] = fingerprint(manifest)
-    path = Path(data_dir) / "manifest.json"
-    tmp = path.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
-    os.replace(tmp, path)
+    text = json.dumps(manifest, indent=2, ensure_ascii=False)
+    write_atomic(Path(data_dir) / "manifest.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return manifest
 
 

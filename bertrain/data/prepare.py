@@ -36,8 +36,8 @@ import numpy as np
 
 from bertrain.config import PrepareConfig, Recipe, TokenizerConfig
 from bertrain.data import corpus
-from bertrain.data.format import (SPLITS, file_sha256, open_prepared, shard_paths, token_dtype_for, write_manifest,
-                                  write_shard)
+from bertrain.data.format import (SPLITS, file_sha256, open_prepared, shard_paths, token_dtype_for, write_atomic,
+                                  write_manifest, write_shard)
 from bertrain.errors import DataError, UsageError
 
 STAGE_VERSION = 1            # bump when a change makes old intermediate outputs invalid
@@ -56,9 +56,8 @@ def _hash(obj: Any) -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str))
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _read_json(path: Path) -> Optional[dict]:

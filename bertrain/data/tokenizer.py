@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from bertrain.config import TokenizerConfig
-from bertrain.data.format import file_sha256
+from bertrain.data.format import file_sha256, write_atomic
 from bertrain.errors import DataError
 
 SPECIAL_TOKENS = {
@@ -334,11 +334,9 @@ def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bo
         "added_tokens_decoder": added,
         **tokens_map,
     }
-    tmp = out / "tokenizer.json.tmp"
-    tokenizer.save(str(tmp))
     (out / "special_tokens_map.json").write_text(json.dumps(tokens_map, indent=2, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(json.dumps(wrapper, indent=2, ensure_ascii=False))
-    os.replace(tmp, out / "tokenizer.json")
+    write_atomic(out / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))  # last: its presence means complete
     return out
 
 

@@ -16,9 +16,9 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
-from bertrain.data.format import file_sha256
+from bertrain.data.format import file_sha256, fsync_path, write_atomic
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -45,26 +45,9 @@ def step_of(path: str | Path) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (so a rename or a new entry survives a power loss)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic_file(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp_path)`, fsync it and rename to `path`."""
-    tmp = path.with_name(f".{path.name}.partial")
-    write(tmp)
-    fsync_path(tmp)
-    os.replace(tmp, path)
-
-
 def write_text_file(path: Path, text: str) -> None:
-    """Write text and fsync it."""
-    write_atomic_file(path, lambda p: p.write_text(text, encoding="utf-8"))
+    """Write text atomically and fsync it."""
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), fsync=True)
 
 
 def begin_save(run_dir: str | Path, step: int) -> Path:

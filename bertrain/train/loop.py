@@ -648,7 +648,7 @@ class Trainer:
 
     def _loop(self, model, optimizer, scheduler, stream: TrainStream, state: TrainState, monitor, micro_batch_size: int,
               accumulation: int, num_parameters: int) -> int:
-        config, train = self.config, self.config.train
+        train = self.config.train
         accelerator = self.accelerator
         model.train()
         signal_step = _test_hook("SIGNAL_AT_STEP")

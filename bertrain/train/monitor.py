@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bertrain.config import Config, LoggingConfig, to_dict
+from bertrain.data.format import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -37,9 +38,8 @@ def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
     records = read_metrics(run_dir)
     kept = [r for r in records if r.get("step", 0) <= last_step]
     if len(kept) != len(records):
-        tmp = path.with_name(METRICS_FILE + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return len(records) - len(kept)
 
 
