@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from bertrain.model.bert import PreTrainingModel, embedding_size
-from bertrain.model.layers import Embeddings, EncoderLayer, attention_bias, init_weights, run_layer
+from bertrain.model.layers import EncoderLayer, run_layer
 
 
 class AlbertEncoder(nn.Module):
@@ -40,13 +40,4 @@ class AlbertPreTrainingModel(PreTrainingModel):
     """ALBERT (Lan et al. 2019) with MLM and SOP heads, weights laid out like AlbertForPreTraining."""
 
     def __init__(self, config):
-        super().__init__(config)
-        self.embeddings = Embeddings(config.vocab_size, embedding_size(config), config.max_position_embeddings,
-                                     config.type_vocab_size, config.layer_norm_eps, config.hidden_dropout_prob)
-        self.encoder = AlbertEncoder(config)
-        self.add_heads()
-        init_weights(self, config.initializer_range)
-
-    def encode(self, input_ids, attention_mask, token_type_ids, sparse_grad=False, rows=None):
-        x = self.embeddings(input_ids, token_type_ids, sparse_grad)  # [B, T, E]
-        return self.encoder(x, attention_bias(attention_mask), self.gradient_checkpointing and self.training, rows)
+        super().__init__(config, AlbertEncoder)

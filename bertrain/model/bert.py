@@ -1,7 +1,7 @@
 """BERT for pretraining: encoder, pooler, MLM head (tied decoder) and the 2-way sentence head (NSP).
 
-`PreTrainingModel` holds everything BERT and ALBERT share (pooler, heads, losses); subclasses
-provide `embeddings` and `encode()`. In training the MLM head runs only at positions whose label
+`PreTrainingModel` holds everything BERT and ALBERT share (embeddings, pooler, heads, losses);
+subclasses name their encoder. In training the MLM head runs only at positions whose label
 is not -100: full-vocabulary logits at every position are most of the step for small models.
 """
 
@@ -38,29 +38,29 @@ class PreTrainingOutput:
 class PreTrainingModel(nn.Module):
     """Shared pretraining wrapper: encode → pool [CLS] → MLM and sentence heads → losses."""
 
-    embeddings: Embeddings
     prune_last_layer = True  # with labels, run the last layer only where the losses look (needed_rows)
     sparse_embedding_grad = True  # with labels, see Embeddings.forward
 
-    def __init__(self, config):
+    def __init__(self, config, encoder_class: type[nn.Module]):
         super().__init__()
         self.config = config
         self.gradient_checkpointing = config.gradient_checkpointing
-
-    def add_heads(self) -> None:
-        """Pooler, MLM head and sentence head (called by subclasses after the encoder, for module order)."""
-        config = self.config
-        H = config.hidden_size
+        H, E = config.hidden_size, embedding_size(config)
+        self.embeddings = Embeddings(config.vocab_size, E, config.max_position_embeddings, config.type_vocab_size,
+                                     config.layer_norm_eps, config.hidden_dropout_prob)
+        self.encoder = encoder_class(config)
         self.pooler = nn.Linear(H, H)
-        self.mlm_head = MLMHead(H, embedding_size(config), config.vocab_size, config.hidden_act, config.layer_norm_eps)
+        self.mlm_head = MLMHead(H, E, config.vocab_size, config.hidden_act, config.layer_norm_eps)
         self.sentence_head = nn.Linear(H, 2)
+        init_weights(self, config.initializer_range)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                token_type_ids: torch.Tensor | None, sparse_grad: bool = False,
                rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [B, T, H], or [B, K, H] at `rows` (see needed_rows; sparse_grad: see
         Embeddings.forward)."""
-        raise NotImplementedError
+        x = self.embeddings(input_ids, token_type_ids, sparse_grad)  # [B, T, E]
+        return self.encoder(x, attention_bias(attention_mask), self.gradient_checkpointing and self.training, rows)
 
     @property
     def decoder_weight(self) -> torch.Tensor:
@@ -122,13 +122,4 @@ class BertPreTrainingModel(PreTrainingModel):
     """BERT (Devlin et al. 2018) with MLM and NSP heads, weights laid out like BertForPreTraining."""
 
     def __init__(self, config):
-        super().__init__(config)
-        self.embeddings = Embeddings(config.vocab_size, config.hidden_size, config.max_position_embeddings,
-                                     config.type_vocab_size, config.layer_norm_eps, config.hidden_dropout_prob)
-        self.encoder = BertEncoder(config)
-        self.add_heads()
-        init_weights(self, config.initializer_range)
-
-    def encode(self, input_ids, attention_mask, token_type_ids, sparse_grad=False, rows=None):
-        x = self.embeddings(input_ids, token_type_ids, sparse_grad)  # [B, T, H]
-        return self.encoder(x, attention_bias(attention_mask), self.gradient_checkpointing and self.training, rows)
+        super().__init__(config, BertEncoder)
