@@ -52,11 +52,10 @@ def write_text_file(path: Path, text: str) -> None:
 
 def begin_save(run_dir: str | Path, step: int) -> Path:
     """Create an empty temporary directory for the checkpoint of `step` (rank 0 only)."""
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(TMP_PREFIX + "*"):  # left by a crash during an earlier save
+    checkpoints_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    for stale in incomplete_saves(run_dir):  # left by a crash during an earlier save
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = root / f"{TMP_PREFIX}{step:08d}"
+    tmp = temporary_dir(run_dir, step)
     tmp.mkdir()
     return tmp
 
@@ -151,8 +150,3 @@ def rotate(run_dir: str | Path, keep_last: int) -> list[Path]:
     for path in removed:
         remove_checkpoint(path)
     return removed
-
-
-def checkpoint_size(path: str | Path) -> int:
-    """Bytes used by a checkpoint directory."""
-    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())

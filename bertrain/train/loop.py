@@ -242,6 +242,11 @@ class TrainStream:
                 self._epoch_lengths[epoch] = num_micro_batches(
                     self.prepared, self.data_config, seed=self.seed, epoch=epoch,
                     micro_batch_size=self.micro_batch_size, world_size=self.world_size)
+            if self._epoch_lengths[epoch] == 0:
+                raise DataError(
+                    f"{self.prepared.path}: the training split yields no complete micro-batch of "
+                    f"{self.micro_batch_size} x {self.world_size} instances. Use a smaller train.batch_size "
+                    f"or more data.")
         return self._epoch_lengths[epoch]
 
     def next(self) -> dict:
@@ -251,11 +256,7 @@ class TrainStream:
         with _isolated_torch_rng():
             if self.micro_batch >= self.epoch_length(self.epoch):
                 self.epoch, self.micro_batch, self._iterator = self.epoch + 1, 0, None
-                if self.epoch_length(self.epoch) == 0:
-                    raise DataError(
-                        f"{self.prepared.path}: the training split yields no complete micro-batch of "
-                        f"{self.micro_batch_size} x {self.world_size} instances. Use a smaller train.batch_size "
-                        f"or more data.")
+                self.epoch_length(self.epoch)  # refuses an epoch with no complete micro-batch
             if self._iterator is None:
                 self._iterator = iter(build_train_loader(
                     self.prepared, self.data_config, seed=self.seed, epoch=self.epoch,
@@ -588,15 +589,12 @@ class Trainer:
             loaded = initialize_from(model, config.model.init_from)
             if is_main:
                 self.console.print(f"Initialized from {loaded}", highlight=False)
-        num_parameters = sum(p.numel() for p in model.parameters())
+        num_parameters = model.num_parameters()
         checkpoint_bytes = self.estimated_checkpoint_bytes(num_parameters)
 
         stream = TrainStream(self.prepared, config.data, seed=train.seed, micro_batch_size=micro_batch_size,
                              rank=rank, world_size=world, epoch=state.epoch, micro_batch=state.micro_batch)
         epoch_length = stream.epoch_length(0)
-        if epoch_length < 1:
-            raise DataError(f"{self.prepared.path}: the training split yields no complete micro-batch of "
-                            f"{micro_batch_size} x {world} instances. Use a smaller train.batch_size or more data.")
         total_steps = self.total_steps(epoch_length, micro_batch_size, world)
         if resume_path is None:
             state.total_steps = total_steps

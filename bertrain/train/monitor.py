@@ -71,8 +71,6 @@ class Monitor(NullMonitor):
         self.progress: Progress | None = None
         self.task = None
         self.wandb_run = None
-        self.last: dict[str, Any] = {}
-        self.last_eval: dict[str, Any] = {}
         self.live = console.is_terminal
 
     def start(self, start_step: int, total_steps: int) -> None:
@@ -95,10 +93,6 @@ class Monitor(NullMonitor):
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         kind = record.get("kind", "train")
-        if kind == "eval":
-            self.last_eval = record
-        else:
-            self.last = record
         if self.wandb_run is not None:
             prefix = "eval/" if kind == "eval" else "train/"
             self.wandb_run.log({prefix + k: v for k, v in record.items() if k not in ("step", "kind", "time")},

@@ -49,9 +49,3 @@ def stop_requested() -> bool:
 def received_signal_name() -> str | None:
     """Name of the first signal received (SIGTERM / SIGUSR1), or None."""
     return signal.Signals(_received[0]).name if _received else None
-
-
-def reset() -> None:
-    """Forget received signals (tests run several loops in one process)."""
-    _received.clear()
-    _first_time.clear()
