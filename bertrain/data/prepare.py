@@ -386,9 +386,11 @@ def train_tokenizer_from_recipe(recipe: Recipe, out_dir: str | Path, console: An
     total = sum(item.size for _, items in inputs for item in items)
     keep = min(1.0, tokenizer_config.max_bytes / total) if total else 1.0
     validation: list[str] = []
+    validation_chars = 0
     seen: set[int] = set()
 
     def texts() -> Iterator[str]:
+        nonlocal validation_chars
         batches = _raw_batches(inputs, config, counts, skipped, lambda amount: None)
         for sentences, digest in _normalized(batches, config, Workers(1), counts):
             if not sentences:
@@ -398,8 +400,9 @@ def train_tokenizer_from_recipe(recipe: Recipe, out_dir: str | Path, console: An
                 continue
             seen.add(key)
             if is_validation(digest, config.validation_fraction):
-                if sum(map(len, validation)) < 10_000_000:
+                if validation_chars < 10_000_000:  # a running total: summing the list each time is quadratic
                     validation.extend(sentences)
+                    validation_chars += sum(map(len, sentences))
                 continue
             text = "\n".join(sentences)
             if in_sample(text, keep, tokenizer_config.seed):
