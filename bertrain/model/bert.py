@@ -78,6 +78,7 @@ class PreTrainingModel(nn.Module):
             mlm_logits = self.mlm_head(hidden, self.decoder_weight)  # [B, T, V], for inference
         else:
             predicted = labels != -100
+            targets = labels[predicted]  # [N], row-major like hidden[predicted] below
             # With labels the tied decoder always yields a dense embedding gradient, so the lookup's can be sparse.
             sparse_grad = (self.sparse_embedding_grad and self.training and torch.is_grad_enabled()
                            and self.decoder_weight.requires_grad
@@ -87,7 +88,7 @@ class PreTrainingModel(nn.Module):
             if rows is not None:
                 predicted = predicted.gather(1, rows)  # [B, K]; padding rows are never predicted
             # Gather first, then transform and decode: N ≈ 15% of B*T rows instead of all of them.
-            mlm_loss, mlm_logits = self.mlm_head.loss(hidden[predicted], self.decoder_weight, labels[labels != -100])
+            mlm_loss, mlm_logits = self.mlm_head.loss(hidden[predicted], self.decoder_weight, targets)
             loss = mlm_loss
         sentence_logits = self.sentence_head(torch.tanh(self.pooler(hidden[:, 0])))  # [B, 2]; rows start with [CLS]
         if sentence_label is not None:
