@@ -168,10 +168,12 @@ def _quote(text: str) -> str:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise BertrainError(f"{path} does not exist: the pretrain stage wrote no metrics.")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """RUN_DIR/metrics.jsonl's records; its absence is an error here (the pretrain stage ran)."""
+    from bertrain.train.monitor import METRICS_FILE, read_metrics as read_run_metrics
+
+    if not (run_dir / METRICS_FILE).is_file():
+        raise BertrainError(f"{run_dir / METRICS_FILE} does not exist: the pretrain stage wrote no metrics.")
+    return read_run_metrics(run_dir)
 
 
 def learning_figures(run_dir: Path) -> dict[str, Any]:
@@ -241,15 +243,16 @@ def fill_mask(model_dir: Path, sentences: tuple[str, ...], top_k: int = 5) -> li
     """Top-k whole-word predictions for the [MASK] of each sentence, from the exported directory read
     back through bertrain's Hugging Face importer (transformers is not needed at run time)."""
     import torch
-    from tokenizers import Tokenizer
 
+    from bertrain.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
     from bertrain.model.hf import load_for_inference
 
     model, tokenizer_dir = load_for_inference(model_dir)
-    tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    tokenizer = load_tokenizer(tokenizer_dir)
     vocabulary = [tokenizer.id_to_token(i) or "" for i in range(model.config.vocab_size)]
     mask_id = tokenizer.token_to_id("[MASK]")
-    special_ids = {i for i, token in enumerate(vocabulary) if token in SPECIAL_TOKEN_STRINGS}
+    specials = {token for kind in SPECIAL_TOKENS.values() for token in kind.values()}
+    special_ids = {i for i, token in enumerate(vocabulary) if token in specials}
     is_word = torch.tensor(whole_word_tokens(vocabulary, special_ids))
     results = []
     for sentence in sentences:
@@ -267,9 +270,6 @@ def fill_mask(model_dir: Path, sentences: tuple[str, ...], top_k: int = 5) -> li
         results.append({"sentence": sentence, "predictions": [
             {"token": word, "score": round(float(p), 4)} for word, p in zip(words, top.values)]})
     return results
-
-
-SPECIAL_TOKEN_STRINGS = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<pad>", "<unk>"}
 
 
 def whole_word_tokens(vocabulary: list[str], special_ids: set[int]) -> list[bool]:
