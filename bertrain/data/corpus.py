@@ -21,6 +21,7 @@ import lzma
 import os
 import re
 from collections import Counter
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -218,8 +219,6 @@ def iter_lines(stream: Any, path: str, limit: Optional[int], on_decode_error: st
         if first:
             if b"\x00" in block[:BINARY_SNIFF_BYTES]:
                 raise BinaryFile()
-            if not block:
-                return
             first = False
         if not block:
             return
@@ -312,7 +311,6 @@ def _text_documents(item: InputFile, lines: Iterator[tuple[int, str]], source: S
             if len(head) >= 400:
                 break
         layout = guess_text_layout([line for _, line in head])
-        from itertools import chain
 
         lines = chain(head, lines)
     if layout == "sentence_per_line":
@@ -492,18 +490,13 @@ def _hub_batches(item: InputFile, source: SourceConfig) -> Iterator[list]:
     if first is None:
         return
     batch = []
-    for record in _chain_first(first, iterator):
+    for record in chain((first,), iterator):
         batch.append(_field(record, source.text_field))
         if len(batch) == 1024:
             yield batch
             batch = []
     if batch:
         yield batch
-
-
-def _chain_first(first: Any, rest: Iterator) -> Iterator:
-    yield first
-    yield from rest
 
 
 def read_documents(item: InputFile, source: SourceConfig, config: PrepareConfig, counts: Counter,
@@ -539,7 +532,7 @@ def read_documents(item: InputFile, source: SourceConfig, config: PrepareConfig,
             counts["files_empty"] += 1
             return
         counts["files_read"] += 1
-        lines = _chain_first(first, lines)
+        lines = chain((first,), lines)
         try:
             if item.format in ("json", "jsonl"):
                 yield from _json_documents(item, lines, source, config, counts)

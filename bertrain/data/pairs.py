@@ -179,11 +179,10 @@ def build_plan(index: SplitIndex, *, objective: str, max_seq_length: int, short_
     pieces = [_plan_block(index, window_first[a:b], window_end[a:b], window_doc[a:b], nonempty, rng,
                           objective=objective, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob)
               for a, b in zip(bounds[:-1], bounds[1:])]
-    names = ("a_start", "a_length", "b_start", "b_length", "sentence_label", "document", "b_document", "target")
     empty = {"a_start": np.int64, "a_length": np.int32, "b_start": np.int64, "b_length": np.int32,
              "sentence_label": np.int8, "document": np.int64, "b_document": np.int64, "target": np.int32}
     fields = {name: (np.concatenate([piece[name] for piece in pieces]) if pieces else np.zeros(0, empty[name]))
-              for name in names}
+              for name in empty}
     skipped = sum(piece["skipped"] for piece in pieces)
     return EpochPlan(**fields, order=rng.permutation(len(fields["a_start"])), skipped_chunks=skipped)
 

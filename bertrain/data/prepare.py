@@ -284,14 +284,14 @@ def build_documents(out: Path, inputs: list[tuple[Any, Any]], config: PrepareCon
     with _progress(console) as progress:
         task = progress.add_task("reading", total=total_bytes or None, docs=0, rate=0.0)
         rate = _Rate()
-        read_docs = [0]
+        read_docs = 0
 
         def on_bytes(amount: int) -> None:
             progress.update(task, advance=amount, docs=counts["documents_read"], rate=rate(counts["documents_read"]))
 
         batches = _raw_batches(inputs, config, counts, skipped, on_bytes)
         for sentences, digest in _normalized(batches, config, workers, counts):
-            read_docs[0] += 1
+            read_docs += 1
             if not sentences:
                 counts["documents_empty"] += 1
                 continue
@@ -314,9 +314,9 @@ def build_documents(out: Path, inputs: list[tuple[Any, Any]], config: PrepareCon
         for handle, path in zip(split_handles, files[split]):
             handle.close()
             os.replace(path.with_name(path.name + ".tmp"), path)
-    if counts["documents_read"] != read_docs[0] + counts["documents_bad_record"]:
+    if counts["documents_read"] != read_docs + counts["documents_bad_record"]:
         raise RuntimeError("document counts do not add up (a bug): "
-                           f"{counts['documents_read']} read, {read_docs[0]} normalized")
+                           f"{counts['documents_read']} read, {read_docs} normalized")
     if sum(documents["train"]) == 0:
         reasons = ", ".join(f"{key.removeprefix('documents_')}: {counts[key]}" for key in DOCUMENT_SKIPS if counts[key])
         raise DataError(f"No training documents left after reading {counts['documents_read']} documents "
@@ -526,7 +526,7 @@ def _shard_record(out: Path, split: str, name: str, key: str) -> Optional[dict]:
     return record
 
 
-def build_shards(out: Path, documents: dict[str, Any], tokenizer_stats: dict[str, Any], facts: dict[str, Any],
+def build_shards(out: Path, documents: dict[str, Any], facts: dict[str, Any],
                  key: str, only: Optional[list[tuple[str, str]]], workers: Workers, console: Any) -> None:
     """Stage 3: tokenize every shard not already done (or only the listed ones), in parallel."""
     (out / WORK / "shards").mkdir(parents=True, exist_ok=True)
@@ -760,7 +760,7 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int
                           f"not bertrain's usual 0-4; the manifest records them.")
 
         tick = time.perf_counter()
-        build_shards(out, documents, stats, facts, key, only, pool, console)
+        build_shards(out, documents, facts, key, only, pool, console)
         timings["tokenize"] = time.perf_counter() - tick
     finally:
         pool.close()
@@ -775,8 +775,8 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int
             console.print(f"Shard {shard_index} done; {len(pending)} shard(s) still to do. The manifest is "
                           f"written by the last job, or by `bertrain prepare` without --shard-index.")
             return {"complete": False, "pending_shards": pending}
-        if _read_json(out / "manifest.json") is None or _read_json(out / "manifest.json").get(
-                "settings", {}).get("input_key") != key:
+        existing = _read_json(out / "manifest.json")
+        if existing is None or existing.get("settings", {}).get("input_key") != key:
             manifest = build_manifest(out, documents, stats, facts, key, settings, sources, counts, skipped)
         else:
             manifest = open_prepared(out).manifest
