@@ -27,7 +27,6 @@ WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
 UNIGRAM_SPLIT = r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"
 UNIGRAM_SLACK = 1.5
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
-TRAIN_BATCH_CHARS = 1 << 20
 
 
 def _strip_accents(config: TokenizerConfig) -> bool:
@@ -119,13 +118,10 @@ def add_post_processor(tokenizer: Any, cls_token: str, sep_token: str) -> None:
         special_tokens=[(cls_token, cls_id), (sep_token, sep_id)])
 
 
-def _iter_texts(texts_or_files: Any, max_bytes: int) -> Iterator[list[str]]:
-    """Batches of text from strings or file paths, stopping after max_bytes."""
+def _iter_texts(texts_or_files: Any, max_bytes: int) -> Iterator[str]:
+    """Texts from strings or file paths (a line at a time), stopping after max_bytes characters."""
     if isinstance(texts_or_files, (str, Path)):
         texts_or_files = [texts_or_files]
-    used = 0
-    batch: list[str] = []
-    size = 0
 
     def texts() -> Iterator[str]:
         for item in texts_or_files:
@@ -135,17 +131,12 @@ def _iter_texts(texts_or_files: Any, max_bytes: int) -> Iterator[list[str]]:
             else:
                 yield item
 
+    used = 0
     for text in texts():
-        batch.append(text)
-        size += len(text)
+        yield text
         used += len(text)
-        if size >= TRAIN_BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
         if used >= max_bytes:
-            break
-    if batch:
-        yield batch
+            return
 
 
 def _spool(texts_or_files: Any, max_bytes: int, path: Path) -> tuple[int, set[str]]:
@@ -153,11 +144,10 @@ def _spool(texts_or_files: Any, max_bytes: int, path: Path) -> tuple[int, set[st
     chars = 0
     alphabet: set[str] = set()
     with open(path, "w", encoding="utf-8") as handle:
-        for batch in _iter_texts(texts_or_files, max_bytes):
-            for text in batch:
-                handle.write(text if text.endswith("\n") else text + "\n")
-                chars += len(text)
-                alphabet.update(text)
+        for text in _iter_texts(texts_or_files, max_bytes):
+            handle.write(text if text.endswith("\n") else text + "\n")
+            chars += len(text)
+            alphabet.update(text)
     return chars, alphabet
 
 
