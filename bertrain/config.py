@@ -460,6 +460,10 @@ def validate(config: Any) -> None:
     """Cross-field checks that types alone cannot express."""
     if isinstance(config, Config):
         data, model, train, optim = config.data, config.model, config.train, config.optim
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "max_position_embeddings", "num_hidden_groups", "inner_group_num"):
+            if getattr(model, key) < 1:  # checked first: the divisibility checks below divide by them
+                raise ConfigError(f"model.{key} must be at least 1, got {getattr(model, key)}.")
         if model.hidden_size % model.num_attention_heads:
             raise ConfigError(
                 f"model.hidden_size ({model.hidden_size}) must be divisible by model.num_attention_heads "

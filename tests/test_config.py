@@ -85,6 +85,11 @@ def test_cross_field_validation():
         load_config(None, ["model.hidden_size=100", "model.num_attention_heads=3"])
     with pytest.raises(ConfigError, match="max_position_embeddings"):
         load_config(None, ["data.max_seq_length=1024"])
+    # Zero sizes were a ZeroDivisionError in the divisibility checks, not a config error.
+    with pytest.raises(ConfigError, match="model.num_attention_heads must be at least 1, got 0"):
+        load_config(None, ["model.num_attention_heads=0"])
+    with pytest.raises(ConfigError, match="model.num_hidden_groups must be at least 1"):
+        load_config(None, ["model.type=albert", "model.num_hidden_groups=0"])
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path):
