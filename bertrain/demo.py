@@ -205,10 +205,11 @@ def most_frequent_baseline(data_dir: Path, run_dir: Path) -> dict[str, Any]:
     from bertrain.config import load_config
     from bertrain.data.format import open_prepared
     from bertrain.data.loader import build_validation_loader
+    from bertrain.train.loop import micro_batch_size_for
 
     config = load_config(run_dir / "config.yaml")
     prepared = open_prepared(data_dir)
-    micro_batch_size = config.train.batch_size // config.train.gradient_accumulation_steps
+    micro_batch_size = micro_batch_size_for(config, world_size=1)
     loader = build_validation_loader(prepared, config.data, seed=config.train.seed, micro_batch_size=micro_batch_size,
                                      rank=0, world_size=1, max_batches=config.data.eval_batches)
     counts: Counter = Counter()
