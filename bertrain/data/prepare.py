@@ -526,17 +526,19 @@ def _shard_record(out: Path, split: str, name: str, key: str) -> Optional[dict]:
     return record
 
 
+def _pending_shards(out: Path, documents: dict[str, Any], key: str,
+                    only: Optional[list[tuple[str, str]]] = None) -> list[tuple[str, dict]]:
+    """(split, shard) of every shard without a complete output for `key` (among `only`, if given)."""
+    return [(split, shard) for split in SPLITS for shard in documents["shards"][split]
+            if (only is None or (split, shard["name"]) in only)
+            and _shard_record(out, split, shard["name"], key) is None]
+
+
 def build_shards(out: Path, documents: dict[str, Any], facts: dict[str, Any],
                  key: str, only: Optional[list[tuple[str, str]]], workers: Workers, console: Any) -> None:
     """Stage 3: tokenize every shard not already done (or only the listed ones), in parallel."""
     (out / WORK / "shards").mkdir(parents=True, exist_ok=True)
-    todo = []
-    for split in SPLITS:
-        for shard in documents["shards"][split]:
-            if only is not None and (split, shard["name"]) not in only:
-                continue
-            if _shard_record(out, split, shard["name"], key) is None:
-                todo.append((split, shard))
+    todo = _pending_shards(out, documents, key, only)
     if not todo:
         return
     todo.sort(key=lambda item: -item[1]["chars"])  # largest first: better packing over workers
@@ -729,9 +731,7 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int
                 documents = run_documents()
             tokenizer_record = _read_json(work / "tokenizer.json")
             tokenizer_done = tokenizer_record is not None and tokenizer_record.get("key") == key
-            pending = [(split, shard["name"]) for split in SPLITS for shard in documents["shards"][split]
-                       if (only is None or (split, shard["name"]) in only)
-                       and _shard_record(out, split, shard["name"], key) is None]
+            pending = _pending_shards(out, documents, key, only)
             if (not tokenizer_done or pending) and not (work / "documents").is_dir():
                 # The last run finished and removed its intermediate text; reading again gives the
                 # same documents (everything is deterministic), so finished outputs stay valid.
@@ -766,8 +766,7 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int
         pool.close()
 
     with _locked(out):
-        pending = [f"{split}/{shard['name']}" for split in SPLITS for shard in documents["shards"][split]
-                   if _shard_record(out, split, shard["name"], key) is None]
+        pending = [f"{split}/{shard['name']}" for split, shard in _pending_shards(out, documents, key)]
         if pending:
             if not (out / WORK / "documents").is_dir():
                 raise DataError(f"{out}: shards {', '.join(pending[:4])} are missing and the intermediate "
