@@ -246,6 +246,12 @@ def test_missing_or_invalid_data_dir(run_cli, tmp_path, fresh_accelerate):
     assert not (tmp_path / "run").exists()
 
 
+def test_batch_larger_than_the_training_split_is_a_data_error(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml")
+    code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run", "--set", "train.batch_size=100000")
+    assert code == 1 and "no complete micro-batch of 100000 x 1" in text and "smaller train.batch_size" in text
+
+
 def test_model_vocab_smaller_than_tokenizer_is_refused(run_cli, tmp_path, tiny_data, fresh_accelerate):
     config = write_config(tmp_path / "tiny.yaml")
     code, text = _pretrain(run_cli, config, tiny_data, tmp_path / "run", "--set", "model.vocab_size=100")

@@ -239,14 +239,14 @@ class TrainStream:
             from bertrain.data.loader import num_micro_batches
 
             with _isolated_torch_rng():
-                self._epoch_lengths[epoch] = num_micro_batches(
-                    self.prepared, self.data_config, seed=self.seed, epoch=epoch,
-                    micro_batch_size=self.micro_batch_size, world_size=self.world_size)
-            if self._epoch_lengths[epoch] == 0:
+                length = num_micro_batches(self.prepared, self.data_config, seed=self.seed, epoch=epoch,
+                                           micro_batch_size=self.micro_batch_size, world_size=self.world_size)
+            if length == 0:  # never cached: every call for such an epoch refuses it
                 raise DataError(
                     f"{self.prepared.path}: the training split yields no complete micro-batch of "
                     f"{self.micro_batch_size} x {self.world_size} instances. Use a smaller train.batch_size "
                     f"or more data.")
+            self._epoch_lengths[epoch] = length
         return self._epoch_lengths[epoch]
 
     def next(self) -> dict:
