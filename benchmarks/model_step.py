@@ -2,7 +2,7 @@
 BertForPreTraining / AlbertForPreTraining in the same process: same weights, same batch, same
 precision, same dropout settings, runs alternated, medians reported. Not part of the test suite.
 
-    python benchmarks/model_step.py                 # all shapes, fp32, plus bf16 at bert-base
+    python benchmarks/model_step.py                 # all shapes, fp32, plus bf16 at bert-base where native
     python benchmarks/model_step.py --shapes tiny,small --rounds 5
 
 Useful MFU counts the FLOPs of the work that matters (encoder, pooler, MLM head at the masked
@@ -17,6 +17,8 @@ import statistics
 import time
 
 import torch
+
+from bertrain.train.precision import cpu_has_native_bf16
 
 SHAPES = {  # name: (type, hidden, layers, heads, intermediate, embedding, batch)
     "tiny": ("bert", 128, 2, 2, 512, None, 32),
@@ -53,13 +55,13 @@ def reference_model(ours, config):
     return model
 
 
-def make_batch(config, batch: int, generator: torch.Generator) -> dict:
-    ids = torch.randint(5, config.vocab_size, (batch, SEQ), generator=generator)
-    picked = torch.rand(batch, SEQ, generator=generator) < MASKED
+def make_batch(config, batch: int, generator: torch.Generator, seq: int = SEQ) -> dict:
+    ids = torch.randint(5, config.vocab_size, (batch, seq), generator=generator)
+    picked = torch.rand(batch, seq, generator=generator) < MASKED
     picked[:, 0] = False
     labels = torch.where(picked, ids, torch.full_like(ids, -100))
     ids = torch.where(picked, torch.full_like(ids, 4), ids)
-    token_types = (torch.arange(SEQ) >= SEQ // 2).long().expand(batch, SEQ).contiguous()
+    token_types = (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous()
     return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=token_types, labels=labels,
                 sentence_label=torch.randint(0, 2, (batch,), generator=generator))
 
@@ -87,15 +89,15 @@ def gemm(dtype: torch.dtype, n: int = 2048):
     return (lambda: a @ b), 2 * n**3
 
 
-def useful_flops(config, batch: int, n_masked: int) -> float:
+def useful_flops(config, batch: int, n_masked: int, seq: int = SEQ) -> float:
     """Training FLOPs of the work that matters: 3 × forward, with the MLM head at the masked
     positions only and the last layer's query/output/feed-forward only at masked + [CLS] rows."""
     H, I, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     E = config.embedding_size or H
     applications = L * (config.inner_group_num if config.type == "albert" else 1)
-    tokens, needed = batch * SEQ, n_masked + batch
-    layer = 2 * (4 * H * H + 2 * H * I) + 2 * 2 * SEQ * H  # per token: projections, feed-forward, attention
-    last = tokens * 2 * (2 * H * H) + needed * (2 * (2 * H * H + 2 * H * I) + 2 * 2 * SEQ * H)
+    tokens, needed = batch * seq, n_masked + batch
+    layer = 2 * (4 * H * H + 2 * H * I) + 2 * 2 * seq * H  # per token: projections, feed-forward, attention
+    last = tokens * 2 * (2 * H * H) + needed * (2 * (2 * H * H + 2 * H * I) + 2 * 2 * seq * H)
     flops = tokens * layer * (applications - 1) + last
     if config.type == "albert":
         flops += tokens * 2 * E * H
@@ -125,7 +127,12 @@ def main() -> None:
     parser.add_argument("--hidden-dropout", type=float, default=0.1)
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--no-bf16", action="store_true", help="Skip the bf16 autocast run at bert-base.")
+    parser.add_argument("--bf16", action="store_true",
+                        help="Run bf16 at bert-base even on a CPU without native bf16 (emulated: very slow).")
     args = parser.parse_args()
+    if not args.no_bf16 and not args.bf16 and not cpu_has_native_bf16():
+        print("This CPU has no native bf16 (AVX512_BF16 / AMX): bf16 skipped (--bf16 to force it).")
+        args.no_bf16 = True
 
     import transformers
 
@@ -133,7 +140,8 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    (gemm32, flops32), (gemm16, flops16) = gemm(torch.float32), gemm(torch.bfloat16)
+    (gemm32, flops32) = gemm(torch.float32)
+    (gemm16, flops16) = (None, None) if args.no_bf16 else gemm(torch.bfloat16)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
     print(f"seq {SEQ}, {MASKED:.0%} masked, hidden dropout {args.hidden_dropout}, attention dropout "
           f"{args.attention_dropout} (ALBERT shapes: 0 / 0), AdamW(fused=True), medians of {args.rounds} alternated rounds")
@@ -152,7 +160,9 @@ def main() -> None:
         for bf16 in precisions:
             steps_by_name[("ours", bf16)] = step_fn(ours, batch, False, kind, bf16)
             steps_by_name[("hf", bf16)] = step_fn(theirs, batch, True, kind, bf16)
-        steps_by_name["gemm", False], steps_by_name["gemm", True] = gemm32, gemm16
+        steps_by_name["gemm", False] = gemm32
+        if True in precisions:  # the emulated bf16 GEMM alone takes minutes per round on an AVX2-only CPU
+            steps_by_name["gemm", True] = gemm16
         medians = time_alternating(steps_by_name, args.rounds, 2 if SHAPES[name][1] >= 768 else 8)
         n_masked = int((batch["labels"] != -100).sum())
         for bf16 in precisions:

@@ -76,7 +76,7 @@ def run_measured(command: list[str], env: dict) -> tuple[float, int]:
 
 def write_sentences(corpus_dir: Path, path: Path) -> int:
     """The sentences prepare tokenizes (same cleaning and splitter, duplicates removed): chars written."""
-    from bertrain.data.corpus import document_hash, normalize_document
+    from bertrain.data.sources.normalize import document_hash, normalize_document
 
     seen, chars = set(), 0
     with open(path, "w", encoding="utf-8") as out:
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--skip-reference", action="store_true", help="Skip the bare encode_batch reference.")
     args = parser.parse_args()
 
-    from bertrain.data.corpus import write_pydoc_corpus
+    from bertrain.data.sources.pydoc import write_pydoc_corpus
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="bertrain-bench-"))
     root.mkdir(parents=True, exist_ok=True)

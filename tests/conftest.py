@@ -10,7 +10,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from pathlib import Path
+
 import pytest
+
+from tests.helpers_data import make_prepared_dir
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +48,21 @@ def run_cli(monkeypatch):
         return code, out.getvalue(), err.getvalue()
 
     return run
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """A small prepared WordPiece DATA_DIR, built once per test module."""
+    return make_prepared_dir(tmp_path_factory.mktemp("data") / "wordpiece", kind="wordpiece", num_documents=120)
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """In-process runs share Accelerate's singleton state: reset it around each test."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+    torch.use_deterministic_algorithms(False)  # train.deterministic sets it process-wide

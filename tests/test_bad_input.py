@@ -17,8 +17,8 @@ GOOD = "".join(f"Sentence number {i} is fine.\nAnother sentence {i} follows here
 
 def run(tmp_path, *paths, **prepare_keys):
     sources = [SourceConfig(path=str(p)) for p in paths]
-    recipe = Recipe(prepare=PrepareConfig(sources=sources, num_shards=1, validation_fraction=0.0, workers=1,
-                                          **prepare_keys), tokenizer=TokenizerConfig(vocab_size=200))
+    keys = {"num_shards": 1, "validation_fraction": 0.0, "workers": 1, **prepare_keys}
+    recipe = Recipe(prepare=PrepareConfig(sources=sources, **keys), tokenizer=TokenizerConfig(vocab_size=200))
     manifest = prepare_corpus(recipe, tmp_path / "data")
     counts = manifest["counts"]
     skips = sum(counts.get(reason, 0) for reason in DOCUMENT_SKIPS)
@@ -124,10 +124,65 @@ def test_parquet_without_the_text_column(tmp_path):
 
 def test_nothing_left_and_foreign_out_dir(tmp_path):
     (tmp_path / "blank.jsonl").write_text('{"text": " "}\n')
-    with pytest.raises(DataError, match=r"No training documents left after reading 1 documents \(empty: 1"):
+    with pytest.raises(DataError, match=r"No training documents left after reading 1 document\(s\) from 1 file"
+                                        r"(.|\n)*blank.jsonl: 1 document\(s\) read, none kept\nWhy: 1 document"):
         run(tmp_path, tmp_path / "blank.jsonl")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("precious")
     recipe = Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(tmp_path / "blank.jsonl"))]))
     with pytest.raises(UsageError, match="not a bertrain DATA_DIR"):
         prepare_corpus(recipe, tmp_path / "mine")
+
+
+def test_nothing_readable_names_every_file_its_problem_and_the_fix(tmp_path, run_cli):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "image.txt").write_bytes(b"GIF89a\x00\x01\x02" + bytes(range(256)))
+    with pytest.raises(DataError) as binary_only:
+        run(tmp_path, src / "image.txt")
+    message = str(binary_only.value)
+    assert f"{src / 'image.txt'}: binary" in message and "Fix: point --source" in message
+    (src / "empty.txt").write_bytes(b"")
+    (src / "blank.txt").write_text("\n  \n\t\n")
+    (src / "blank.jsonl").write_text("\n \n")
+    (src / "space.jsonl").write_text('{"text": "  "}\n')
+    code, _, err = run_cli("prepare", "--source", str(src), "--out", str(tmp_path / "d"), "--vocab-size", "200")
+    assert code == 1 and "Traceback" not in err
+    lines = {line.strip().split(": ", 1)[0]: line.split(": ", 1)[1] for line in err.splitlines() if str(src) in line}
+    assert lines == {str(src / "blank.jsonl"): "no records or text: only blank lines or whitespace",
+                     str(src / "blank.txt"): "1 document(s) read, none kept",
+                     str(src / "empty.txt"): "empty (0 bytes)",
+                     str(src / "image.txt"): "binary (a NUL byte in its first 8000 bytes), skipped",
+                     str(src / "space.jsonl"): "1 document(s) read, none kept"}
+    assert "Why: 2 document(s) had no text after cleaning" in err and "Fix: point --source" in err
+
+
+def test_everything_in_validation_says_so(tmp_path):
+    (tmp_path / "one.txt").write_text("A single document. It goes where its hash says.\n")
+    with pytest.raises(DataError, match=r"all 1 document\(s\) went to validation .*--validation-fraction 0"):
+        run(tmp_path, tmp_path / "one.txt", validation_fraction=0.999)
+
+
+@pytest.mark.parametrize("line,column,problem", [
+    ('{"text": "never closed}', 10, "a string opened here is never closed"),
+    ("{'text': 'single quotes'}", 2, "expected a key in double quotes"),
+    ('{"text": "a"} {"text": "b"}', 15, "more than one JSON value"),
+])
+def test_malformed_json_line_names_file_line_column_and_problem(tmp_path, run_cli, line, column, problem):
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"text": "Good record here."}\n' + line + "\n")
+    with pytest.raises(DataError) as error:
+        run(tmp_path, path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: line 2, column {column}: not valid JSON: {problem}")
+    assert "at at" not in message and "text_field" not in message and "on_bad_record=skip" in message
+    code, _, err = run_cli("prepare", "--source", str(path), "--out", str(tmp_path / "d"))
+    assert code == 1 and f"line 2, column {column}" in err and "Traceback" not in err
+
+
+def test_malformed_json_array_names_line_and_column(tmp_path):
+    path = tmp_path / "records.json"
+    path.write_text('[{"text": "Good record here."},\n {"text": "cut off')
+    with pytest.raises(DataError, match=r"records.json: line 2, column 11: not valid JSON: a string opened here "
+                                        r"is never closed"):
+        run(tmp_path, path)

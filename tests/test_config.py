@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 
-from bertrain.config import (Config, Recipe, config_reference_markdown, dump_yaml, load_config, load_recipe,
-                             resolve_config_path)
+from bertrain.config import (Config, ConfigWarning, ModelConfig, Recipe, check_precision_for_device,
+                             config_reference_markdown, dump_yaml, load_config, load_recipe, micro_batch_size_for,
+                             resolve_config_path, validate_model)
 from bertrain.errors import ConfigError
 
 
@@ -29,7 +32,7 @@ def test_defaults_file_and_overrides_layer(tmp_path):
         train:
           batch_size: 64
     """)
-    config = load_config(path, ["optim.lr=3e-4", "train.max_steps=null", "model.type=albert"])
+    config = load_config(path, ["optim.lr=3e-4", "train.max_steps=null", "train.max_tokens=1000", "model.type=albert"])
     assert isinstance(config, Config)
     assert config.optim.lr == pytest.approx(3e-4) and isinstance(config.optim.lr, float)
     assert config.optim.betas == [0.9, 0.98]
@@ -46,9 +49,9 @@ def test_exponent_without_dot_is_a_float(tmp_path):
 
 
 def test_unknown_key_names_dotted_path_and_suggests(tmp_path):
-    with pytest.raises(ConfigError, match=r"'optim\.learning_rat'.*Did you mean 'lr'|'optim\.learning_rat'"):
+    with pytest.raises(ConfigError, match=r"'optim\.learning_rat'.*Did you mean 'optim\.lr'"):
         load_config(write(tmp_path, "optim:\n  learning_rat: 0.1\n"))
-    with pytest.raises(ConfigError, match=r"'model\.hidden_sise'.*Did you mean 'hidden_size'"):
+    with pytest.raises(ConfigError, match=r"'model\.hidden_sise'.*Did you mean 'model\.hidden_size'"):
         load_config(write(tmp_path, "model:\n  hidden_sise: 64\n"))
     with pytest.raises(ConfigError, match=r"'optimizer'.*Did you mean 'optim'"):
         load_config(write(tmp_path, "optimizer:\n  lr: 0.1\n"))
@@ -74,7 +77,7 @@ def test_duplicate_yaml_keys_are_errors(tmp_path):
 def test_bad_overrides(tmp_path):
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(None, ["optim.lr"])
-    with pytest.raises(ConfigError, match=r"'optim\.lrr'.*Did you mean 'lr'"):
+    with pytest.raises(ConfigError, match=r"'optim\.lrr'.*Did you mean 'optim\.lr'"):
         load_config(None, ["optim.lrr=0.1"])
     with pytest.raises(ConfigError, match="is a value, not a section"):
         load_config(None, ["optim.lr.x=0.1"])
@@ -90,6 +93,33 @@ def test_cross_field_validation():
         load_config(None, ["model.num_attention_heads=0"])
     with pytest.raises(ConfigError, match="model.num_hidden_groups must be at least 1"):
         load_config(None, ["model.type=albert", "model.num_hidden_groups=0"])
+
+
+def test_run_budget_and_intervals_are_checked_at_load():
+    with pytest.raises(ConfigError, match="Set a budget: train.max_steps or train.max_tokens"):
+        load_config(None, ["train.max_steps=null"])
+    assert load_config(None, ["train.max_steps=null", "train.max_tokens=5000"]).train.max_tokens == 5000
+    for key in ("save_every", "log_every"):
+        with pytest.raises(ConfigError, match=rf"'train\.{key}' must be at least 1"):
+            load_config(None, [f"train.{key}=0"])
+
+
+def test_validate_model_checks_a_bare_model_section():
+    validate_model(ModelConfig(hidden_size=64, num_attention_heads=4))
+    with pytest.raises(ConfigError, match=r"model.hidden_size \(64\) must be divisible by model.num_attention_heads \(5\)"):
+        validate_model(ModelConfig(hidden_size=64, num_attention_heads=5))
+    with pytest.raises(ConfigError, match="num_hidden_layers must be divisible by model.num_hidden_groups"):
+        validate_model(ModelConfig(type="albert", num_hidden_layers=5, num_hidden_groups=2))
+    validate_model(ModelConfig(type="bert", num_hidden_layers=5, num_hidden_groups=2))  # groups are ALBERT's
+    with pytest.raises(ConfigError, match="model.vocab_size must be at least 1, got 0"):
+        validate_model(ModelConfig(vocab_size=0))
+
+
+def test_micro_batch_size_divides_the_global_batch():
+    config = load_config(None, ["train.batch_size=24", "train.gradient_accumulation_steps=3"])
+    assert [micro_batch_size_for(config, world) for world in (1, 2, 4)] == [8, 4, 2]
+    with pytest.raises(ConfigError, match=r"3 x 3 = 9"):
+        micro_batch_size_for(config, 3)
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path):
@@ -130,7 +160,8 @@ def test_recipe_sources_are_typed(tmp_path):
     assert isinstance(recipe, Recipe)
     assert [s.path for s in recipe.prepare.sources] == ["corpus/*.txt", "dump.jsonl.zst"]
     assert recipe.prepare.sources[1].text_field == "body"
-    with pytest.raises(ConfigError, match=r"'prepare\.sources\[0\]\.text_feild'.*Did you mean 'text_field'"):
+    with pytest.raises(ConfigError, match=r"'prepare\.sources\[0\]\.text_feild'.*"
+                                          r"Did you mean 'prepare\.sources\[0\]\.text_field'"):
         load_recipe(write(tmp_path, "prepare:\n  sources:\n    - {path: a.txt, text_feild: t}\n", "r.yaml"))
 
 
@@ -172,3 +203,91 @@ def test_yaml_no_and_off_mean_the_spelled_choices(tmp_path):
     assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
     with pytest.raises(ConfigError, match="'data.objective'"):
         load_config(None, ["data.objective=no"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 15.6: every bad value refused naming the key, the nearest key suggested, warnings with figures
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("written,meant", [
+    ("optim.learning_rate", "optim.lr"),          # another toolkit's name (an alias in the schema)
+    ("optim.lrr", "optim.lr"),                    # a typo
+    ("train.lr", "optim.lr"),                     # the right key in the wrong section
+    ("train.warmup_steps", "optim.warmup_steps"),
+    ("train.seq_len", "data.max_seq_length"),
+    ("model.dropout", "model.hidden_dropout_prob"),
+    ("optimizer.lr", "optim"),
+])
+def test_unknown_key_suggests_the_nearest_valid_key_in_yaml_and_set(tmp_path, written, meant):
+    expected = rf"Unknown config key '{re.escape(written.split('.')[0] if meant == 'optim' else written)}'.*" \
+               rf"Did you mean '{re.escape(meant)}'\?"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [f"{written}=1"])
+    section, key = written.split(".")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, f"{section}:\n  {key}: 1\n"))
+
+
+def test_an_unknown_key_with_nothing_close_lists_the_section(tmp_path):
+    with pytest.raises(ConfigError, match=r"'data\.zzz'.*Valid keys here: data\.path, data\.objective"):
+        load_config(None, ["data.zzz=1"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("train.max_steps=0", "train.max_steps"), ("train.max_steps=-5", "train.max_steps"),
+    ("train.max_tokens=0", "train.max_tokens"),
+    ("optim.lr=-1e-3", "optim.lr"), ("optim.lr=0", "optim.lr"),
+    ("model.hidden_dropout_prob=1.5", "model.hidden_dropout_prob"),
+    ("model.hidden_dropout_prob=1", "model.hidden_dropout_prob"),
+    ("model.attention_probs_dropout_prob=-0.1", "model.attention_probs_dropout_prob"),
+    ("optim.betas=[0.9, 1.5]", "optim.betas[1]"), ("optim.eps=0", "optim.eps"),
+    ("optim.weight_decay=-0.01", "optim.weight_decay"), ("optim.warmup_steps=-1", "optim.warmup_steps"),
+    ("optim.max_grad_norm=0", "optim.max_grad_norm"),
+    ("data.short_seq_prob=1.2", "data.short_seq_prob"), ("data.mask_prob=-0.2", "data.mask_prob"),
+    ("data.ngram_max=0", "data.ngram_max"), ("data.num_workers=-1", "data.num_workers"),
+    ("train.keep_last=0", "train.keep_last"), ("train.eval_every=-1", "train.eval_every"),
+    ("train.requeue_exit_code=0", "train.requeue_exit_code"), ("train.stop_at_step=0", "train.stop_at_step"),
+])
+def test_values_out_of_range_are_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=rf"Config key '{re.escape(key)}' must be"):
+        load_config(None, [override])
+
+
+def test_boundary_values_that_make_sense_are_accepted():
+    config = load_config(None, ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
+                                "optim.warmup_steps=0", "optim.max_grad_norm=null", "train.eval_every=0",
+                                "train.max_steps=1", "optim.weight_decay=0", "data.short_seq_prob=1"])
+    assert config.train.max_steps == 1 and config.model.hidden_dropout_prob == 0
+
+
+def test_warmup_longer_than_the_run_warns_with_the_figures():
+    with pytest.warns(ConfigWarning, match=r"optim\.warmup_steps \(50\) is longer than the run "
+                                           r"\(train\.max_steps 10\).*ends at 0\.0002"):
+        load_config(None, ["train.max_steps=10", "optim.warmup_steps=50", "optim.lr=1e-3"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load_config(None, ["train.max_steps=10", "optim.warmup_steps=10"])  # exactly the run: fine
+        load_config(None, ["train.max_steps=10", "optim.warmup_fraction=0.1"])  # the fraction wins
+        load_config(None, ["train.max_steps=null", "train.max_tokens=100"])  # steps unknown before the data
+        for name in ("tiny_bert", "tiny_albert", "demo_bert", "demo_albert", "bert_base", "albert_base"):
+            load_config(name)
+
+
+def test_fp16_is_refused_on_a_cpu_only():
+    with pytest.raises(ConfigError, match=r"'train\.mixed_precision' is 'fp16', but this run is on the CPU"):
+        check_precision_for_device("fp16", "cpu")
+    for precision, device in (("fp16", "cuda"), ("bf16", "cpu"), ("auto", "cpu"), ("no", "cpu")):
+        check_precision_for_device(precision, device)
+
+
+def test_mixed_precision_auto_is_the_default_and_tf32_is_on():
+    config = Config()
+    assert config.train.mixed_precision == "auto" and config.train.tf32 is True
+    assert load_config(None, ["train.mixed_precision=bf16", "train.tf32=false"]).train.tf32 is False
+    with pytest.raises(ConfigError, match=r"'train\.mixed_precision': 'fp32' is not one of 'auto', 'no'"):
+        load_config(None, ["train.mixed_precision=fp32"])
+    reference = config_reference_markdown()
+    for words in ("`train.tf32`", "`auto` picks per device", "fp16 with a loss scaler on older GPUs",
+                  "AVX512-BF16 or AMX", "else fp32"):
+        assert words in reference

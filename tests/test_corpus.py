@@ -7,7 +7,14 @@ from collections import Counter
 import pytest
 
 from bertrain.config import PrepareConfig, SourceConfig
-from bertrain.data import corpus
+from bertrain.data.prepare.documents import raw_batches
+from bertrain.data.sources import decode, hub
+from bertrain.data.sources.decode import iter_lines
+from bertrain.data.sources.lookup import resolve_source
+from bertrain.data.sources.normalize import normalize_document
+from bertrain.data.sources.pydoc import prose_paragraphs, pydoc_documents, write_pydoc_corpus
+from bertrain.data.sources.read import read_documents
+from bertrain.data.sources.text import guess_text_layout
 from bertrain.errors import DataError
 
 
@@ -16,8 +23,8 @@ def read_all(path, **source_keys):
     source = SourceConfig(path=str(path), **source_keys)
     config = PrepareConfig(sources=[source])
     documents = []
-    for item in corpus.resolve_source(source, counts, skipped):
-        documents.extend(corpus.read_documents(item, source, config, counts, skipped))
+    for item in resolve_source(source, counts, skipped):
+        documents.extend(read_documents(item, source, config, counts, skipped))
     return documents, counts, skipped
 
 
@@ -38,25 +45,25 @@ def test_paragraph_layout_is_one_document(tmp_path, pydoc_text):
     documents, counts, _ = read_all(path)
     assert len(documents) == 1 and documents[0][0] == "text"
     assert documents[0][1].rstrip("\n") == pydoc_text[:20000].rstrip("\n")
-    sentences = corpus.normalize_document("text", documents[0][1], 1, 10**6, Counter())
+    sentences = normalize_document("text", documents[0][1], 1, 10**6, Counter())
     assert len(sentences) > 50 and all("\n" not in s for s in sentences)
 
 
 def test_guess_layout():
-    assert corpus.guess_text_layout(["One sentence.", "Another one.", "", "Third?"]) == "sentence_per_line"
-    assert corpus.guess_text_layout(["The if statement is used for conditional", "execution. It selects",
+    assert guess_text_layout(["One sentence.", "Another one.", "", "Third?"]) == "sentence_per_line"
+    assert guess_text_layout(["The if statement is used for conditional", "execution. It selects",
                                      "exactly one suite."]) == "paragraphs"
-    assert corpus.guess_text_layout(["One. Two. Three.", "Four. Five. Six."]) == "paragraphs"
+    assert guess_text_layout(["One. Two. Three.", "Four. Five. Six."]) == "paragraphs"
 
 
 def test_long_lines_cut_in_pieces_across_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(decode, "BLOCK_BYTES", 64)
     line = "é" * 150 + "x" * 7  # 2-byte characters: the cuts must not split one
     path = tmp_path / "long.txt"
     path.write_text(f"short\n{line}\nend\n", encoding="utf-8")
     counts = Counter()
     with open(path, "rb") as handle:
-        pieces = list(corpus.iter_lines(handle, str(path), 40, "error", counts))
+        pieces = list(iter_lines(handle, str(path), 40, "error", counts))
     assert [n for n, _ in pieces if n == 2] and "".join(t for n, t in pieces if n == 2) == line
     assert all(len(text) <= 64 for _, text in pieces)
     assert pieces[0] == (1, "short") and pieces[-1] == (3, "end")
@@ -66,9 +73,9 @@ def test_long_lines_cut_in_pieces_across_blocks(tmp_path, monkeypatch):
 def test_normalize_cleans_control_characters():
     counts = Counter()
     text = "Hello\x00 wor\u200bld\x07.  Next\u00a0line.\r\n\r\nNew para-\ngraph ok.\n\n\n  \n"
-    assert corpus.normalize_document("text", text, 1, 10**6, counts) == [
+    assert normalize_document("text", text, 1, 10**6, counts) == [
         "Hello world.", "Next line.", "New para- graph ok."]
-    assert corpus.normalize_document("sentences", ["a", "  ", "bc  d"], 2, 10**6, counts) == ["bc d"]
+    assert normalize_document("sentences", ["a", "  ", "bc  d"], 2, 10**6, counts) == ["bc d"]
     assert counts["sentences_short_dropped"] == 1
 
 
@@ -93,9 +100,7 @@ def test_nested_text_field_and_max_documents(tmp_path):
     path.write_text("".join(json.dumps({"meta": {"body": f"Doc {i}."}}) + "\n" for i in range(5)))
     counts, skipped = Counter(), []
     source = SourceConfig(path=str(path), text_field="meta.body", max_documents=2)
-    from bertrain.data.prepare import _raw_batches
-
-    batches = list(_raw_batches([(source, corpus.resolve_source(source, counts, skipped))],
+    batches = list(raw_batches([(source, resolve_source(source, counts, skipped))],
                                 PrepareConfig(), counts, skipped, lambda n: None))
     assert [d[1] for batch in batches for d in batch] == ["Doc 0.", "Doc 1."]
 
@@ -120,14 +125,18 @@ def test_hub_dataset_offline_fails_fast_with_a_clear_message(monkeypatch):
 def test_write_pydoc_corpus(tmp_path):
     from pydoc_data.topics import topics
 
-    out = corpus.write_pydoc_corpus(tmp_path / "plain")
+    out = tmp_path / "plain"
+    summary = write_pydoc_corpus(out)
     files = sorted(out.glob("*.txt"))
     assert 70 < len(files) <= len(topics)
     text = "".join(f.read_text() for f in files)
     assert "*****" not in text and "if_stmt ::=" not in text  # headings and grammar left out
     assert "It selects exactly one of the suites by evaluating the expressions one" in text.replace('"', "")
-    assert sum(len(corpus.prose_paragraphs(topics[key])) for key in topics) == text.count("\n\n") + len(files)
-    sized = corpus.write_pydoc_corpus(tmp_path / "sized", size_mb=0.3, seed=1)
+    assert sum(len(prose_paragraphs(topics[key])) for key in topics) == text.count("\n\n") + len(files)
+    assert summary == {"documents": len(files), "bytes": sum(f.stat().st_size for f in files),
+                       "words": len(text.split())}
+    sized = tmp_path / "sized"
+    write_pydoc_corpus(sized, size_mb=0.3, seed=1)
     records = [json.loads(line) for f in sorted(sized.glob("*.jsonl")) for line in f.open()]
     total = sum(f.stat().st_size for f in sized.glob("*.jsonl"))
     assert 300_000 <= total < 400_000
@@ -139,8 +148,22 @@ def test_hub_unreachable_without_offline_flag_fails_at_once(monkeypatch):
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(corpus, "_hub_reachable", lambda timeout=5.0: False)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda timeout=5.0: False)
     start = time.perf_counter()
     with pytest.raises(DataError, match="'wikimedia/wikipedia': the Hugging Face hub is not reachable"):
         read_all("wikimedia/wikipedia", format="hub", name="20231101.en")
     assert time.perf_counter() - start < 5
+
+
+def test_pydoc_documents_cut_at_max_chars_keep_every_paragraph():
+    from pydoc_data.topics import topics
+
+    documents = pydoc_documents(prose_only=False, max_chars=3000)
+    assert [name[-4:] for name, _ in documents] == [f"{i:04d}" for i in range(len(documents))]
+    by_topic: dict[str, list[str]] = {}
+    for name, text in documents:
+        by_topic.setdefault(name[:-5], []).append(text)
+    assert set(by_topic) == {key for key in topics if topics[key].strip()}
+    for key, texts in by_topic.items():
+        assert "".join("".join(texts).split()) == "".join(topics[key].split())  # nothing lost, code included
+        assert all(len(text) >= 3000 for text in texts[:-1])

@@ -7,23 +7,31 @@ import keyword
 import os
 import subprocess
 import sys
-from pathlib import Path
+import threading
+import time
 
 import pytest
+from pydoc_data.topics import topics
 
-from bertrain.demo import (PYTHON_WORDS, DemoResult, learning_checks, learning_figures, pretrain_overrides,
-                           pydoc_documents, whole_word_tokens, write_demo_corpus)
+from bertrain import demo
+from bertrain.data.sources.pydoc import pydoc_documents, write_pydoc_corpus
+from bertrain.demo import (CORPUS_OPTIONS, MARKER, PYTHON_WORDS, STATE, DemoResult, learning_checks,
+                           learning_figures, pretrain_overrides)
+from bertrain.errors import Interrupted
+from bertrain.model.fill_mask import whole_word_tokens
+
+# The slow demo test's only time limit: no output at all for this long means a hang. The demo prints a line per
+# logged step, so a slow machine takes longer without failing.
+STALL_SECONDS = 1800
 
 
 def test_demo_corpus_keeps_every_word_of_the_topics(tmp_path):
-    from pydoc_data.topics import topics
-
-    counts = write_demo_corpus(tmp_path)
+    counts = write_pydoc_corpus(tmp_path, **CORPUS_OPTIONS)
     files = sorted(tmp_path.glob("*.txt"))
     assert counts["documents"] == len(files) > 150  # enough documents for a hash-based validation split
     written = sum(len(f.read_text(encoding="utf-8").split()) for f in files)
     assert written == counts["words"] == sum(len(text.split()) for text in topics.values())
-    sizes = [len(text) for _, text in pydoc_documents()]
+    sizes = [len(text) for _, text in pydoc_documents(**CORPUS_OPTIONS)]
     assert max(sizes) < 10_000  # no single topic dominates the split
 
 
@@ -45,12 +53,61 @@ def test_learning_figures_read_first_and_last_loss_and_last_eval(tmp_path):
     assert list(learning_checks(result).values()) == [True, True, False]
 
 
-def test_steps_override_evaluates_and_saves_at_the_end():
-    args = pretrain_overrides(120)
+def test_steps_override_evaluates_4_times_and_saves_every_tenth():
+    args = pretrain_overrides(120, default_steps=2400)
     overrides = dict(a.split("=") for a in args if a != "--set")
-    assert overrides["train.max_steps"] == "120" and overrides["train.save_every"] == "120"
+    assert overrides["train.max_steps"] == "120" and overrides["train.save_every"] == "12"
     assert 120 % int(overrides["train.eval_every"]) == 0
-    assert pretrain_overrides(None) == []
+    assert pretrain_overrides(None, default_steps=2400) == ["--set", "train.save_every=240"]
+
+
+def _interrupted_demo(tmp_path, monkeypatch, checkpoint_step):
+    """OUT of a demo stopped during pretraining, its newest checkpoint at `checkpoint_step` (None: none)."""
+    out = tmp_path / "demo"
+    monkeypatch.setattr(demo, "_corpus_and_data", lambda model, paths, result, *rest: (
+        paths["data"].mkdir(parents=True), (paths["data"] / "manifest.json").write_text("{}"),
+        result.corpus.update(documents=3)))
+    checkpoint = None if checkpoint_step is None else tmp_path / f"step-{checkpoint_step:08d}"
+    monkeypatch.setattr(demo.rundir, "find_latest_checkpoint", lambda run_dir: checkpoint)
+    stages = []
+
+    def stage(name, args, console):
+        stages.append(name)
+        if name == "pretrain" and len(stages) == 1:
+            raise Interrupted("The demo's pretrain stage was stopped by a signal.")
+
+    monkeypatch.setattr(demo, "run_cli_stage", stage)
+    with pytest.raises(Interrupted) as stopped:
+        demo.run_demo(out=out, steps=40)
+    return out, " ".join(str(stopped.value).split()), stages
+
+
+@pytest.mark.parametrize("checkpoint_step, does", [
+    (20, "resumes training from step 20"), (None, "keeps the corpus and prepared data and trains from step 0")])
+def test_a_stopped_demo_says_what_running_it_again_does_and_does_it(tmp_path, monkeypatch, checkpoint_step, does):
+    out, message, _ = _interrupted_demo(tmp_path, monkeypatch, checkpoint_step)
+    assert f"Running `bertrain demo --out {out} --steps 40` again {does}" in message
+    assert json.loads((out / STATE).read_text()) == {"model": "albert", "steps": 40, "corpus": {"documents": 3}}
+    assert demo.resumable_step(out, "albert", 40) == (checkpoint_step or 0)
+    assert demo.resumable_step(out, "albert", 60) is None and demo.resumable_step(out, "bert", 40) is None
+    (out / "data" / "kept.txt").write_text("the prepared data of the stopped demo")
+    monkeypatch.setattr(demo, "_corpus_and_data", lambda *a: pytest.fail("prepared the data again"))
+    def stop_in_pretrain(name, args, console):
+        if name == "pretrain":
+            raise Interrupted("stopped again")
+
+    monkeypatch.setattr(demo, "run_cli_stage", stop_in_pretrain)
+    with pytest.raises(Interrupted):
+        demo.run_demo(out=out, steps=40)
+    assert (out / "data" / "kept.txt").is_file()  # resumed: the data of the first attempt is still there
+
+
+def test_a_demo_stopped_before_its_data_says_it_starts_over(tmp_path):
+    out = tmp_path / "demo"
+    demo.prepare_out_dir(out)
+    assert (out / MARKER).is_file()
+    message = demo.stop_advice(out, "bert", None, quick=True)
+    assert f"Running `bertrain demo --out {out} --model bert --quick` again starts it over" in message
 
 
 def test_demo_refuses_a_directory_it_did_not_write(run_cli, tmp_path):
@@ -83,10 +140,12 @@ def test_python_words_are_python():
 def test_demo_end_to_end_shows_learning(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", COLUMNS="250")
-    # The default demo, as a user runs it (~3 minutes on 2 idle cores): the learning bar is its own.
-    result = subprocess.run([sys.executable, "-m", "bertrain", "demo", "--out", str(out)],
-                            capture_output=True, text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The default demo, as a user runs it (~3 minutes on 2 idle cores, far longer on a loaded machine: only a
+    # hang fails it, see STALL_SECONDS): the learning bar is its own.
+    returncode, stdout = _run_watching_for_stalls([sys.executable, "-m", "bertrain", "demo", "--out", str(out)], env)
+    assert returncode == 0, stdout[-6000:]
+    # Off a terminal, pretraining says where it is and when it ends.
+    assert "train step 2400 / 2400 (100.0%)" in stdout and "ETA" in stdout
     summary = json.loads((out / "summary.json").read_text())
     figures = summary["figures"]
 
@@ -104,7 +163,10 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     assert 0.01 < figures["baseline_accuracy"] < 0.2
     # ~540 masked positions: the binomial std of a 5% baseline is ~0.9 points; measured 32-36% vs 4.6%.
     assert figures["val_mlm_accuracy"] > 3 * figures["baseline_accuracy"]
-    assert figures["val_sentence_accuracy"] > 0.6
+    # SOP accuracy is reported, and honest: the pairs no longer leak the label through lengths or mid-word
+    # cuts (tests/test_pair_audit.py), and at 32-token pairs this tiny model stays near chance (measured
+    # 47.7%; 78.1% before, almost all of it the shortcut). A figure this high again would mean a new leak.
+    assert 0.35 < figures["val_sentence_accuracy"] < 0.72
 
     # Python keywords for 'The "[MASK]" statement is used to define a function.' (measured: with,
     # global, import, yield, for), and every check the demo prints passed.
@@ -118,7 +180,15 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     assert len(summary["fill_mask"]) == 4 and all(len(item["predictions"]) == 5 for item in summary["fill_mask"])
     assert set(summary["seconds"]) == {"corpus", "prepare", "pretrain", "export", "fill-mask", "total"}
     for text in ("time per stage", "validation MLM accuracy", "most frequent token", "fill-mask", str(out / "model")):
-        assert text in " ".join(result.stdout.split()) or text in result.stdout, text
+        assert text in " ".join(stdout.split()) or text in stdout, text
+
+    # On a CPU without native bf16 (this AVX2 one), the demo trains in fp32: emulated bf16 is many times slower.
+    from bertrain.config import load_config
+    from bertrain.train.precision import choose_mixed_precision, cpu_has_native_bf16
+
+    if not cpu_has_native_bf16():
+        run_config = load_config(out / "run" / "config.yaml")
+        assert choose_mixed_precision(run_config.train.mixed_precision, "cpu") == "no"
 
     # The README's fine-tuning snippet works on the export, with the pretrained encoder weights.
     import torch
@@ -132,3 +202,25 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     exported = load_file(out / "model" / "model.safetensors")
     name = "albert.embeddings.word_embeddings.weight"
     assert torch.equal(model.state_dict()[name], exported[name])
+
+
+def _run_watching_for_stalls(command: list[str], env: dict) -> tuple[int, str]:
+    """Run `command` to its end, however long it takes; kill it (and fail) only after STALL_SECONDS without output."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    last_output = [time.monotonic()]
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            last_output[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while process.poll() is None:
+        if time.monotonic() - last_output[0] > STALL_SECONDS:
+            process.kill()
+            pytest.fail(f"no output for {STALL_SECONDS} s: a hang. Last lines:\n" + "".join(lines[-20:]))
+        time.sleep(2)
+    reader.join()
+    return process.returncode, "".join(lines)

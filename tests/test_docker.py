@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -69,4 +71,14 @@ def test_docker_build():
     assert result.returncode == 0, result.stderr[-3000:]
     check = subprocess.run(["docker", "run", "--rm", "bertrain-test", "--help"], capture_output=True, text=True,
                            timeout=600)
-    assert check.returncode == 0 and "pretrain" in check.stdout
+    assert check.returncode == 0, check.stderr[-3000:]
+    for command in ("prepare", "pretrain", "export", "fill-mask", "demo", "config"):
+        assert command in check.stdout, f"`bertrain --help` in the image does not list {command}"
+    # The installed package must find its shipped configs by bare name and resolve them as this checkout does.
+    inside = subprocess.run(["docker", "run", "--rm", "bertrain-test", "config", "show", "tiny_bert"],
+                            capture_output=True, text=True, timeout=600)
+    assert inside.returncode == 0, inside.stderr[-3000:]
+    here = subprocess.run([sys.executable, "-m", "bertrain", "config", "show", "tiny_bert"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert here.returncode == 0, here.stderr[-3000:]
+    assert yaml.safe_load(inside.stdout) == yaml.safe_load(here.stdout)

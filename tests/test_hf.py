@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
 import re
+import shutil
+
+from pathlib import Path
 
 import pytest
 import torch
 
+from bertrain import rundir
 from bertrain.config import Config, DataConfig, ModelConfig, dump_yaml, load_config
-from bertrain.errors import ConfigError
-from bertrain.model import build_model, initialize_from, save_weights
-from bertrain.model.hf import export_hf, fill_mask, import_hf, load_for_inference
+from bertrain.errors import BertrainError, ConfigError
+from bertrain.model import build_model, save_weights
+from bertrain.model import hf
+from bertrain.model.fill_mask import fill_mask
+from bertrain.model.hf import export_hf, hf_config, import_hf, initialize_from
+from bertrain.model.hf_verify import padded_batch, verify_export
+from bertrain.rundir import begin_save, finish_save
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -86,24 +96,14 @@ def exported(request, tmp_path_factory, pydoc_text):
 
 
 def write_checkpoint(run_dir, step, model, config, complete: bool) -> None:
-    """A checkpoint as the trainer writes it (its own atomic save when available)."""
-    try:
-        from bertrain.train.checkpoint import begin_save, finish_save
-    except ImportError:
-        begin_save = finish_save = None
-    if begin_save is None:
-        directory = run_dir / "checkpoints" / f"step-{step:08d}"
-        directory.mkdir(parents=True)
-    else:
-        directory = begin_save(run_dir, step)
+    """A checkpoint as the trainer writes it (its atomic save), or one killed before COMPLETE."""
+    directory = begin_save(run_dir, step)
     save_weights(model, directory / "model.safetensors")
     (directory / "config.yaml").write_text(dump_yaml(config))
-    if not complete:
-        directory.rename(run_dir / "checkpoints" / f"step-{step:08d}")  # as if killed before COMPLETE
-    elif finish_save is None:
-        (directory / "COMPLETE").write_text("")
-    else:
+    if complete:
         finish_save(directory)
+    else:
+        directory.rename(run_dir / "checkpoints" / f"step-{step:08d}")  # as if killed before COMPLETE
 
 
 TEXTS = ["the [MASK] statement is used to define a function.", "a [MASK] of objects, 42 in all."]
@@ -153,6 +153,8 @@ def test_export_of_a_run_dir_takes_the_newest_complete_checkpoint(exported, tmp_
     code, out, err = run_cli("export", str(run_dir), str(tmp_path / "out"))
     assert code == 0, err
     assert "step-00000005" in out and "tokenizer.json" in out
+    # The newer checkpoint passed over is named, with why (never a silent fallback).
+    assert "Skipping invalid checkpoint" in err and "step-00000010" in err and "COMPLETE" in err
     theirs = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "out").eval()
     ids = torch.tensor([[2, 7, 4, 9, 11, 3]])
     with torch.no_grad():
@@ -195,8 +197,6 @@ def test_init_from_a_transformers_dir_and_a_checkpoint(exported, tmp_path):
 
 def test_init_from_an_encoder_only_checkpoint_keeps_fresh_heads(tmp_path):
     config = tiny_config("bert", 120)
-    from bertrain.model.hf import hf_config
-
     values = {k: v for k, v in hf_config(config).items() if k != "model_type"}
     encoder = transformers.BertModel(transformers.BertConfig(**values), add_pooling_layer=False).eval()
     encoder.save_pretrained(tmp_path)
@@ -213,8 +213,6 @@ def test_init_from_an_encoder_only_checkpoint_keeps_fresh_heads(tmp_path):
 
 @pytest.mark.parametrize("name", ["bert_base", "bert_large", "albert_base", "albert_large"])
 def test_inspect_model_total_equals_transformers_count(run_cli, name):
-    from bertrain.model.hf import hf_config
-
     code, out, err = run_cli("inspect-model", name)
     assert code == 0, err
     total = int(re.search(r"Total parameters: ([\d,]+)", out).group(1).replace(",", ""))
@@ -239,3 +237,94 @@ def test_load_for_inference_refuses_a_dir_that_is_not_a_model(tmp_path, run_cli)
     assert code == 2 and "neither a checkpoint" in " ".join(err.split())
     code, out, err = run_cli("export", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert code == 2 and "does not exist" in " ".join(err.split())
+
+
+def test_export_and_fill_mask_of_a_run_dir_with_no_valid_checkpoint_exit_1_naming_each(exported, tmp_path, run_cli):
+    kind, model, _, _, run_dir = exported
+    broken = tmp_path / "run"
+    shutil.copytree(run_dir, broken)
+    tampered = broken / "checkpoints" / "step-00000005"
+    (tampered / "COMPLETE").write_text("0" * 64 + "\n")
+    for args in (("export", str(broken), str(tmp_path / "out")), ("fill-mask", str(broken), TEXTS[0])):
+        code, out, err = run_cli(*args)
+        assert code == 1, (args, out, err)
+        lines = err.splitlines()
+        assert f"RUN_DIR {broken} has 2 checkpoint(s) but none is valid:" in lines[0]
+        assert f"  {tampered}: checksums.json does not match the COMPLETE marker" in lines
+        assert f"  {broken}/checkpoints/step-00000010: no COMPLETE marker (the save did not finish)" in lines
+        assert "--resume PATH" in err and "new run dir" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_and_fill_mask_never_unpickle_a_checkpoint(exported, tmp_path, run_cli, monkeypatch):
+    """An old-format checkpoint carrying a pickle payload: export and fill-mask read only the weights."""
+    kind, model, tokenizer_dir, _, _ = exported
+    run_dir, ran = tmp_path / "run", tmp_path / "payload-ran"
+    shutil.copytree(tokenizer_dir, run_dir / "tokenizer")
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {ran}",)
+
+    directory = begin_save(run_dir, 3)
+    save_weights(model, directory / "model.safetensors")
+    (directory / "config.yaml").write_text(dump_yaml(Config(data=DataConfig(max_seq_length=64), model=model.config)))
+    (directory / "scheduler.pt").write_bytes(pickle.dumps({"scheduler": Payload()}))
+    checkpoint = finish_save(directory)
+    assert rundir.legacy_pickle_files(checkpoint) == [checkpoint / "scheduler.pt"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.load called")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    code, _, err = run_cli("export", str(run_dir), str(tmp_path / "out"))
+    assert code == 0, err
+    code, _, err = run_cli("fill-mask", str(checkpoint), TEXTS[0])
+    assert code == 0, err
+    assert not ran.exists()
+    for source in ("model/hf.py", "model/hf_verify.py", "model/fill_mask.py", "model/__init__.py", "rundir.py"):
+        assert "weights_only=False" not in (Path(rundir.__file__).parent / source).read_text()
+
+
+def test_export_verify_compares_logits_with_transformers_on_a_padded_batch(exported, tmp_path, run_cli):
+    kind, model, _, hf_dir, run_dir = exported
+    code, out, err = run_cli("export", str(run_dir), str(tmp_path / "out"), "--verify")
+    assert code == 0, err
+    line = " ".join(out.split())
+    assert "PASS" in line and "tolerance 1e-04" in line
+    mlm, sentence = (float(x) for x in re.search(r"MLM logits (\S+) .*sentence logits (\S+);", line).groups())
+    assert 0 <= mlm <= 1e-4 and 0 <= sentence <= 1e-4
+    # The batch pads one row and gives the other two segments; the API reports the same figures.
+    batch = padded_batch(hf_dir, model.config.vocab_size, model.config.max_position_embeddings, pad_id=0)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    assert lengths[0] < lengths[1] == batch["input_ids"].shape[1] and batch["token_type_ids"][1].max() == 1
+    assert (batch["input_ids"][0, lengths[0]:] == 0).all()
+    check = verify_export(model, hf_dir)
+    assert check.passed and check.padded_tokens == lengths[1] - lengths[0] and check.real_tokens == sum(lengths)
+
+
+def test_export_verify_fails_when_transformers_reads_other_logits(exported, tmp_path, run_cli, monkeypatch):
+    kind, model, _, _, run_dir = exported
+    faithful = hf.to_hf_state_dict
+
+    def skewed(model):
+        state = faithful(model)
+        name = next(k for k in state if k.endswith("attention.output.dense.weight") or k.endswith("attention.dense.weight"))
+        # Random, not uniform: a uniform shift would be removed by the LayerNorm that follows.
+        state[name] = state[name] + 1e-2 * torch.randn(state[name].shape, generator=torch.Generator().manual_seed(0))
+        return state
+
+    monkeypatch.setattr(hf, "to_hf_state_dict", skewed)
+    code, out, err = run_cli("export", str(run_dir), str(tmp_path / "out"), "--verify")
+    assert code == 1 and "FAIL" in out and "FAILED" in err, out
+
+
+def test_export_verify_without_transformers_exits_1_and_says_why(exported, tmp_path, run_cli, monkeypatch):
+    kind, model, _, _, run_dir = exported
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # import transformers → ImportError
+    code, out, err = run_cli("export", str(run_dir), str(tmp_path / "out"), "--verify")
+    assert code == 1 and "needs transformers" in err and "not verified" in " ".join(err.split())
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    with pytest.raises(BertrainError, match="needs transformers"):
+        verify_export(model, tmp_path / "out")

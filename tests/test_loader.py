@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -150,14 +151,18 @@ def test_validation_loader_has_fixed_masks_and_uses_the_validation_split(prepare
 def test_inspect_pairs_prints_instances_and_realized_statistics(prepared):
     from rich.console import Console
 
-    from bertrain.data.inspect_pairs import show_pairs
+    from bertrain.data.inspect_pairs import MIN_STATISTICS_TOKENS, show_pairs
 
     full = load_config("tiny_albert", ["train.batch_size=16"])
     out = io.StringIO()
     stats = show_pairs(prepared.path, full, 4, Console(file=out, width=120))
     text = out.getvalue()
     assert "[MASK]" in text and "[SEP]" in text and "SOP positive fraction" in text
-    assert stats["instances"] == 64
+    # At least 4 batches of 16 and MIN_STATISTICS_TOKENS tokens, or the whole epoch when it is smaller.
+    epoch = len(loader_module.epoch_plan(prepared, dataclasses.replace(full.data, path=str(prepared.path)),
+                                         seed=full.train.seed, epoch=0))
+    assert stats["instances"] >= 64
+    assert stats["tokens"] >= MIN_STATISTICS_TOKENS or stats["instances"] >= epoch // 16 * 16
     assert 0.05 < stats["masked_fraction_of_eligible"] < 0.25
     assert 0.6 < stats["mask_share"] < 0.95
     assert 0.0 <= stats["padding_fraction"] < 0.5

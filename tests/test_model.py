@@ -205,8 +205,7 @@ def test_dropout_is_active_in_training_and_off_in_eval():
     model = build_model(CONFIGS["bert"])
     batch = padded_batch(seed=10)
     model.train()
-    first = model(**batch).mlm_logits.clone()  # training logits live in a reused buffer
-    assert not torch.equal(first, model(**batch).mlm_logits)
+    assert model(**batch).mlm_loss.item() != model(**batch).mlm_loss.item()
     model.eval()
     assert torch.equal(model(**batch).mlm_logits, model(**batch).mlm_logits)
 
@@ -262,12 +261,12 @@ def test_buffered_training_head_gives_the_plain_gradients_and_fails_loudly_on_mi
     model = build_model(config).train()
     batch = padded_batch(seed=13)
     grads = []
-    for autocast_off_path in (False, True):
+    for plain_path in (False, True):
         model.zero_grad()
-        if autocast_off_path:  # eval mode takes the plain path; dropout is 0 so the math is the same
+        if plain_path:  # eval mode takes the plain path; dropout is 0 so the math is the same
             model.eval()
         out = model(**batch)
-        assert not out.mlm_logits.requires_grad or autocast_off_path
+        assert out.mlm_logits.requires_grad == plain_path  # only the plain path's logits carry a gradient
         out.loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         model.train()
@@ -294,11 +293,72 @@ def test_last_layer_at_needed_rows_only_gives_the_full_outputs_and_gradients(nam
         model.zero_grad()
         out = model(**batch)
         out.loss.backward()
-        results.append((out.mlm_logits.clone(), out.sentence_logits.detach(), out.loss.detach(),
+        with torch.no_grad():
+            logits = model.eval()(**batch).mlm_logits  # eval logits are fresh tensors
+        model.train()
+        results.append((logits, out.mlm_predictions, out.sentence_logits.detach(), out.loss.detach(),
                         {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (logits, sentence, loss, grads), (logits_full, sentence_full, loss_full, grads_full) = results
+    (logits, predictions, sentence, loss, grads), (logits_full, predictions_full, sentence_full, loss_full,
+                                                   grads_full) = results
     torch.testing.assert_close(logits, logits_full, atol=1e-5, rtol=0)
+    assert torch.equal(predictions, logits.argmax(-1)) and torch.equal(predictions_full, logits_full.argmax(-1))
     torch.testing.assert_close(sentence, sentence_full, atol=1e-5, rtol=0)
     torch.testing.assert_close(loss, loss_full, atol=1e-6, rtol=0)
     for name_ in grads:
         torch.testing.assert_close(grads[name_], grads_full[name_], atol=1e-6, rtol=1e-5, msg=name_)
+
+
+def test_counts_and_summed_losses_match_the_logits():
+    model = build_model(CONFIGS["bert"]).eval()
+    batch = padded_batch(seed=15)
+    with torch.no_grad():
+        out = model(**batch)
+    targets = batch["labels"][batch["labels"] != -100]
+    assert torch.equal(out.mlm_predictions, out.mlm_logits.argmax(-1))
+    assert int(out.mlm_correct) == int((out.mlm_logits.argmax(-1) == targets).sum())
+    assert int(out.sentence_correct) == int((out.sentence_logits.argmax(-1) == batch["sentence_label"]).sum())
+    expected = torch.nn.functional.cross_entropy(out.mlm_logits, targets, reduction="sum")
+    torch.testing.assert_close(out.mlm_loss_sum, expected, atol=1e-4, rtol=1e-6)
+    torch.testing.assert_close(out.sentence_loss_sum, torch.nn.functional.cross_entropy(
+        out.sentence_logits, batch["sentence_label"], reduction="sum"), atol=1e-5, rtol=1e-6)
+
+
+def test_instances_without_a_sentence_label_train_mlm_only():
+    # data/pairs.py gives one-sentence documents sentence label -100: no sentence loss, accuracy or count.
+    model = build_model(CONFIGS["albert"]).eval()
+    batch = padded_batch(seed=16)
+    batch["sentence_label"] = torch.tensor([1, -100, 0, -100])
+    with torch.no_grad():
+        out = model(**batch)
+    labelled = batch["sentence_label"] != -100
+    expected = torch.nn.functional.cross_entropy(out.sentence_logits[labelled], batch["sentence_label"][labelled])
+    torch.testing.assert_close(out.sentence_loss, expected)
+    assert int(out.sentence_count) == 2
+    assert int(out.sentence_correct) == int((out.sentence_logits[labelled].argmax(-1)
+                                             == batch["sentence_label"][labelled]).sum())
+    batch["sentence_label"] = torch.full((4,), -100)  # a micro-batch with no labelled instance: finite, MLM only
+    model.train()
+    out = model(**batch)
+    assert torch.isfinite(out.loss) and float(out.sentence_loss.detach()) == 0.0 and int(out.sentence_count) == 0
+    torch.testing.assert_close(out.loss.detach(), out.mlm_loss.detach())
+
+
+@pytest.mark.parametrize("name", ["bert", "albert-groups"])
+def test_normalizers_make_split_batches_give_the_whole_batch_gradient(name):
+    # What data parallelism and accumulation rely on: two halves, each normalized by the whole
+    # batch's counts, sum to the gradient of the whole batch's mean losses.
+    config = dataclasses.replace(CONFIGS[name], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = build_model(config).train()
+    batch = padded_batch(seed=16)
+    model(**batch).loss.backward()
+    whole = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    predicted, instances = int((batch["labels"] != -100).sum()), batch["input_ids"].shape[0]
+    for half in (slice(0, 2), slice(2, 4)):
+        part = {k: v[half] for k, v in batch.items()}
+        out = model(**part, mlm_normalizer=float(predicted), sentence_normalizer=float(instances))
+        n = int((part["labels"] != -100).sum())
+        torch.testing.assert_close(out.loss, out.mlm_loss * n / predicted + out.sentence_loss * 2 / instances)
+        out.loss.backward()
+    for parameter_name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.grad, whole[parameter_name], atol=1e-6, rtol=1e-5, msg=parameter_name)

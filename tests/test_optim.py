@@ -10,7 +10,8 @@ import torch
 from bertrain.config import ModelConfig, OptimConfig
 from bertrain.errors import ConfigError
 from bertrain.model import build_model
-from bertrain.train.optim import Lamb, LRSchedule, build_optimizer, build_scheduler, parameter_groups, warmup_steps_for
+from bertrain.train.optim import (Lamb, LRSchedule, apply_settings, build_optimizer, build_scheduler, parameter_groups,
+                                  warmup_steps_for)
 
 
 def tiny_model(kind: str):
@@ -164,3 +165,40 @@ def test_scheduler_state_round_trips():
         optimizer.step(), optimizer2.step()
         scheduler.step(), scheduler2.step()
         assert scheduler.get_last_lr() == scheduler2.get_last_lr()
+
+
+def _stepped(config: OptimConfig, total_steps: int, steps: int):
+    model = tiny_model("bert")
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, total_steps)
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+    return optimizer, scheduler
+
+
+@pytest.mark.parametrize("new_length", [None, 12])
+def test_forced_settings_replace_the_loaded_ones_from_the_checkpoint_step_on(new_length):
+    old = OptimConfig(lr=1e-3, warmup_steps=2, weight_decay=0.01, betas=[0.9, 0.999], eps=1e-6)
+    saved_optimizer, saved_scheduler = _stepped(old, total_steps=8, steps=3)
+    new = OptimConfig(lr=1e-2, warmup_steps=4, weight_decay=0.1, betas=[0.8, 0.95], eps=1e-8, schedule="cosine")
+    optimizer, scheduler = _stepped(new, total_steps=8, steps=0)  # what a resumed run builds, then loads
+    optimizer.load_state_dict(saved_optimizer.state_dict())
+    scheduler.load_state_dict(saved_scheduler.state_dict())
+    scheduler = apply_settings(optimizer, scheduler, new, step=3, total_steps=new_length)
+
+    for group, decay in zip(optimizer.param_groups, (0.1, 0.0)):
+        assert (group["weight_decay"], group["betas"], group["eps"]) == (decay, (0.8, 0.95), 1e-8)
+    # The loaded length keeps its warmup (2 of 8); a new length derives it from the new config.
+    reference = LRSchedule("cosine", 2, 8) if new_length is None else LRSchedule("cosine", 4, new_length)
+    for step in range(3, 9):
+        assert scheduler.get_last_lr() == pytest.approx([1e-2 * reference(step)] * 2, abs=1e-15), step
+        assert [g["lr"] for g in optimizer.param_groups] == scheduler.get_last_lr()
+        optimizer.step()
+        scheduler.step()
+    # Its state round-trips like any scheduler's (the next checkpoint saves it).
+    _, resumed = _stepped(new, total_steps=8, steps=0)
+    resumed.load_state_dict(scheduler.state_dict())
+    assert resumed.get_last_lr() == scheduler.get_last_lr()
+    resumed.optimizer.step(), resumed.step(), scheduler.optimizer.step(), scheduler.step()
+    assert resumed.get_last_lr() == scheduler.get_last_lr()

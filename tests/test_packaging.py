@@ -20,5 +20,9 @@ def test_wheel_ships_configs_and_recipes(tmp_path):
     shipped |= {f"bertrain/data_recipes/{p.name}" for p in (ROOT / "bertrain" / "data_recipes").glob("*.yaml")}
     assert "bertrain/configs/albert_base.yaml" in shipped
     assert shipped <= names, f"missing from the wheel: {sorted(shipped - names)}"
+    # Every module too: a new sub-package without __init__.py would be left out by packages.find.
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bertrain").rglob("*.py") if "__pycache__" not in p.parts}
+    assert "bertrain/config/schema.py" in sources
+    assert sources <= names, f"modules missing from the wheel: {sorted(sources - names)}"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "bertrain = bertrain.cli:entry" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from bertrain.config import PrepareConfig, Recipe, SourceConfig, TokenizerConfig
-from bertrain.data import prepare as prepare_module
-from bertrain.data.corpus import normalize_document, write_pydoc_corpus
 from bertrain.data.format import open_prepared
-from bertrain.data.prepare import DOCUMENT_SKIPS, prepare_corpus
+from bertrain.data.prepare import prepare_corpus
+from bertrain.data.prepare import shards as shards_module
+from bertrain.data.sources.normalize import normalize_document
+from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.data.tokenizer import load_tokenizer
+from tests.helpers_prepare import check_identity, stored_documents
 
 SPL = [["The cat sat on the mat.", "It was happy."], ["Dogs bark loudly.", "Birds sing songs."],
        ["Rain falls in spring.", "Flowers grow fast."]]
@@ -49,22 +51,6 @@ def recipe(*paths, kind="wordpiece", vocab=300, shards=2, validation=0.0, **prep
     return Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(p)) for p in paths], num_shards=shards,
                                         validation_fraction=validation, workers=1, **prepare_keys),
                   tokenizer=TokenizerConfig(kind=kind, vocab_size=vocab))
-
-
-def stored_documents(data_dir):
-    """Every document of both splits as a tuple of sentences' token-id tuples."""
-    prepared = open_prepared(data_dir)
-    out = []
-    for split in ("train", "validation"):
-        for shard in prepared.split(split).shards:
-            s, d = np.asarray(shard.sentence_offsets), np.asarray(shard.document_offsets)
-            for j in range(len(d) - 1):
-                out.append(tuple(tuple(shard.tokens[s[i]:s[i + 1]].tolist()) for i in range(d[j], d[j + 1])))
-    return out
-
-
-def check_identity(counts):
-    assert counts["documents_read"] == counts["documents_written"] + sum(counts.get(r, 0) for r in DOCUMENT_SKIPS)
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
@@ -112,9 +98,10 @@ def test_rerun_is_noop_and_changes_are_not_reused(tmp_path, pydoc_text):
 
 
 def test_resume_after_interruption_keeps_finished_shards(tmp_path, pydoc_text, monkeypatch):
-    corpus_dir = write_pydoc_corpus(tmp_path / "pydoc")
+    corpus_dir = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus_dir)
     calls, fail_at = [], [3]
-    real = prepare_module.tokenize_shard
+    real = shards_module.tokenize_shard
 
     def failing(*args):
         calls.append(args[2])
@@ -122,7 +109,7 @@ def test_resume_after_interruption_keeps_finished_shards(tmp_path, pydoc_text, m
             raise SystemExit("killed")  # like a job killed while tokenizing its third shard
         return real(*args)
 
-    monkeypatch.setattr(prepare_module, "tokenize_shard", failing)
+    monkeypatch.setattr(shards_module, "tokenize_shard", failing)
     with pytest.raises(SystemExit):
         prepare_corpus(recipe(corpus_dir, shards=4, validation=0.1), tmp_path / "data")
     assert not (tmp_path / "data" / "manifest.json").exists()
@@ -135,13 +122,14 @@ def test_resume_after_interruption_keeps_finished_shards(tmp_path, pydoc_text, m
     manifest = prepare_corpus(recipe(corpus_dir, shards=4, validation=0.1), tmp_path / "data")
     assert len(calls) == 3  # two train shards and the validation shard were left
     assert {p: p.stat().st_mtime_ns for p in done} == stamps
-    monkeypatch.setattr(prepare_module, "tokenize_shard", real)
+    monkeypatch.setattr(shards_module, "tokenize_shard", real)
     fresh = prepare_corpus(recipe(corpus_dir, shards=4, validation=0.1), tmp_path / "fresh")
     assert fresh["fingerprint"] == manifest["fingerprint"]
 
 
 def test_job_array_matches_a_single_parallel_run(tmp_path, pydoc_text):
-    corpus_dir = write_pydoc_corpus(tmp_path / "pydoc")
+    corpus_dir = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus_dir)
     results = [prepare_corpus(recipe(corpus_dir, validation=0.1), tmp_path / "array", shard_index=i, num_shards=3)
                for i in range(3)]
     assert results[0] == {"complete": False, "pending_shards": ["train/shard-00001", "train/shard-00002"]}
@@ -152,7 +140,8 @@ def test_job_array_matches_a_single_parallel_run(tmp_path, pydoc_text):
 
 
 def test_pydoc_corpus_few_mb_balanced_and_split_by_hash(tmp_path):
-    corpus_dir = write_pydoc_corpus(tmp_path / "pydoc", size_mb=2, seed=0)
+    corpus_dir = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus_dir, size_mb=2, seed=0)
     records = [json.loads(line)["text"] for f in sorted(corpus_dir.glob("*.jsonl")) for line in f.open()]
     manifest = prepare_corpus(recipe(corpus_dir, kind="unigram", vocab=500, shards=4, validation=0.05),
                               tmp_path / "data")
@@ -185,7 +174,8 @@ def test_pydoc_corpus_few_mb_balanced_and_split_by_hash(tmp_path):
 
 
 def test_cli_prepare_inspect_and_tokenizer_train(tmp_path, run_cli):
-    corpus_dir = write_pydoc_corpus(tmp_path / "pydoc")
+    corpus_dir = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus_dir)
     code, out, err = run_cli("prepare", "--recipe", "pydoc", "--source", str(corpus_dir), "--out",
                              str(tmp_path / "data"), "--vocab-size", "400", "--tokenizer-kind", "unigram",
                              "--num-shards", "2", "--set", "prepare.validation_fraction=0.1")
@@ -206,7 +196,8 @@ def test_cli_prepare_inspect_and_tokenizer_train(tmp_path, run_cli):
 
 
 def test_tokenizer_trains_on_a_seeded_sample_of_at_most_max_bytes(tmp_path):
-    corpus_dir = write_pydoc_corpus(tmp_path / "pydoc")
+    corpus_dir = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus_dir)
     shas = []
     for seed in (0, 0, 1):
         config = recipe(corpus_dir, shards=1)

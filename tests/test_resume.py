@@ -13,13 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.helpers_data import make_prepared_dir
-from tests.test_pretrain import fresh_accelerate  # noqa: F401  (a fixture)
-from tests.test_pretrain import (ROOT, TINY, assert_same_weights, explain, final_weights, pretrain_env, run_pretrain,
-                                 train_losses, write_config)
+from tests.helpers import (ROOT, TINY, assert_same_weights, explain, final_weights, pretrain_env, run_pretrain,
+                           train_losses, write_config)
 
 N = 3          # checkpoint / interruption step
 STEPS = 2 * N  # uninterrupted length
@@ -127,12 +127,24 @@ def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(workdir, c
 
 
 @pytest.mark.slow
+def wait_until_handling(process: subprocess.Popen, signum: int) -> None:
+    """Block until `process` has a handler for `signum` (Linux: SigCgt in /proc/PID/status), however slowly
+    the machine starts Python: a fixed sleep would signal before any bertrain code ran on a loaded machine."""
+    status = Path(f"/proc/{process.pid}/status")
+    while process.poll() is None:
+        caught = next((line.split()[1] for line in status.read_text().splitlines() if line.startswith("SigCgt:")), "0")
+        if int(caught, 16) >> (signum - 1) & 1:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the process ended (exit {process.returncode}) before handling signal {signum}")
+
+
 def test_sigterm_during_startup_imports_is_caught_and_resumes_exactly(workdir, config, data, reference):
     run_dir = workdir / "early_sigterm"
     process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
                                 str(data), "--run-dir", str(run_dir)], env=pretrain_env(), cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.7)  # inside `import torch` / accelerate
+    wait_until_handling(process, signal.SIGTERM)  # bertrain's first act, before `import torch` / accelerate
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 75, f"{out}\n{err}"
@@ -174,6 +186,35 @@ def test_accumulation_matches_full_batch_and_resumes_exactly(workdir, data, no_d
     assert_resumed_exactly(run_dir, reference_dir)
 
 
+def test_unpadded_path_resumes_exactly_and_matches_the_padded_one(workdir, data, no_dropout_baseline):
+    config = write_config(workdir / "unpad.yaml", model={"hidden_dropout_prob": 0.0, "unpad": "true"},
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": N})
+    reference_dir = workdir / "unpad_ref"
+    resume(config, data, reference_dir)
+    padded, unpadded = train_losses(no_dropout_baseline), train_losses(reference_dir)
+    for step in padded:  # same losses as the padded path up to float rounding
+        assert unpadded[step] == pytest.approx(padded[step], abs=1e-5)
+    run_dir = workdir / "unpad_resumed"
+    first = run_pretrain(config, data, run_dir, "--set", f"train.stop_at_step={N}")
+    assert first.returncode == 0, explain(first)
+    resume(config, data, run_dir)
+    assert_resumed_exactly(run_dir, reference_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_match_one_process_unpadded(workdir, data, no_dropout_baseline):
+    config = write_config(workdir / "unpad2.yaml", model={"hidden_dropout_prob": 0.0, "unpad": "true"},
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": 0})
+    run_dir = workdir / "ddp_unpad"
+    result = run_pretrain(config, data, run_dir, nproc=2)
+    assert result.returncode == 0, explain(result)
+    single, double = train_losses(no_dropout_baseline), train_losses(run_dir)
+    assert sorted(double) == sorted(single)
+    for step in single:
+        assert double[step] == pytest.approx(single[step], abs=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_match_one_process_with_twice_the_batch(workdir, data, no_dropout_baseline):
@@ -201,7 +242,7 @@ def test_two_processes_with_accumulation_resume_exactly_after_sigterm(workdir, d
     # Only rank 0 receives the signal: the all-reduced flag must stop both ranks after the same step.
     first = run_pretrain(config, data, run_dir, nproc=2, env=pretrain_env(BERTRAIN_TEST_SIGNAL_AT_STEP=str(N)))
     assert first.returncode != 0, explain(first)
-    assert (run_dir / "checkpoints" / f"step-{N:08d}" / "rng-rank00001.pt").is_file()
+    assert (run_dir / "checkpoints" / f"step-{N:08d}" / "rng-rank00001.json").is_file()
     assert max(train_losses(run_dir)) == N
     resume(config, data, run_dir, nproc=2)
     assert_resumed_exactly(run_dir, reference_dir)

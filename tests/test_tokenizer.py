@@ -7,8 +7,9 @@ import re
 import pytest
 
 from bertrain.config import TokenizerConfig
-from bertrain.data.corpus import pydoc_paragraphs
-from bertrain.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_tokenizer
+from bertrain.data.sources.pydoc import pydoc_paragraphs
+from bertrain.data.tokenizer import load_tokenizer, train_tokenizer
+from bertrain.special_tokens import SPECIAL_TOKENS
 from bertrain.errors import DataError
 
 SAMPLES = ["The if statement is used for conditional execution.",

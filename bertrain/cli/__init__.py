@@ -19,6 +19,7 @@ def _command_modules() -> None:
     import bertrain.cli.model_commands  # noqa: F401
     import bertrain.cli.train_commands  # noqa: F401
     import bertrain.cli.demo_commands  # noqa: F401
+    import bertrain.cli.launch_commands  # noqa: F401  (issue 15.5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,13 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - older typer uses click itself
         from click import exceptions as click_exceptions
 
-    from bertrain.cli.app import app, err_console, state
-    from bertrain.errors import EXIT_ERROR, EXIT_USAGE, BertrainError, ConfigError, DataError, UsageError
+    from bertrain.cli.app import (app, err_console, print_config_warnings, state, tidy_help,
+                                  widen_help_when_not_a_terminal)
+    from bertrain.errors import EXIT_ERROR, EXIT_USAGE, BertrainError, ConfigError, DataError, Interrupted, UsageError
 
     _command_modules()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("BERTRAIN_DEBUG", "").lower() in ("1", "true", "yes")
     command = typer.main.get_command(app)
+    tidy_help(command)
+    widen_help_when_not_a_terminal()
+    print_config_warnings()
     try:
         # With standalone_mode=False a `typer.Exit(code)` comes back as the return value.
         return command.main(args=args, prog_name="bertrain", standalone_mode=False) or 0
@@ -53,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         error.show(file=sys.stderr)
         return EXIT_USAGE if isinstance(error, click_exceptions.UsageError) else EXIT_ERROR
+    except Interrupted as stopped:  # a preemption handled as designed: the expected outcome, not an error
+        if os.environ.get("RANK", "0") == "0":
+            err_console.print(str(stopped), markup=False, highlight=False, soft_wrap=True)
+        return stopped.exit_code
     except BertrainError as error:
         if state.get("debug") or debug:
             raise
@@ -76,4 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    # --- issue 15.5: under `bertrain launch`, record this worker's exit code for the launch command ---
+    from bertrain.exit_status import record_exit
+
+    record_exit(code)
+    # --- end issue 15.5 ---
+    sys.exit(code)

@@ -11,14 +11,17 @@ from rich.table import Table
 from bertrain.cli.app import SetOption, app, console
 
 config_app = typer.Typer(
-    help="Show resolved configs and the config reference.\n\nExample: bertrain config show albert_base --explain",
-    short_help="Show resolved configs and the config reference.", no_args_is_help=True)
+    help="List the shipped configs and recipes, show resolved configs, print the config reference.\n\n"
+         "Example: bertrain config list\n\nExample: bertrain config show albert_base --explain",
+    short_help="List shipped configs and recipes, show resolved configs, print the reference.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
 @config_app.command("show")
 def show(
-    config: str = typer.Argument(..., help="Config or recipe YAML, or a shipped name (albert_base, local_text)."),
+    config: str = typer.Argument(..., metavar="NAME|FILE",
+                                 help="Config or recipe YAML, or a shipped name (albert_base, local_text; "
+                                      "`bertrain config list` shows them all)."),
     overrides: Optional[list[str]] = SetOption,
     explain: bool = typer.Option(False, "--explain", help="Also print each key's documentation."),
 ) -> None:
@@ -42,11 +45,32 @@ def show(
         return
     table = Table(title=f"{path}", show_lines=False)
     table.add_column("key", style="cyan", no_wrap=True)
-    table.add_column("value", style="green")
-    table.add_column("meaning")
+    table.add_column("value", style="green", overflow="fold")
+    table.add_column("meaning", overflow="fold")  # wrapped at word boundaries, never cut with an ellipsis
     for key, value, help_text in explain_lines(resolved):
         table.add_row(key, repr(value) if isinstance(value, str) else str(value), help_text)
     console.print(table)
+
+
+@config_app.command("list")
+def list_shipped() -> None:
+    """List the shipped configs (`pretrain --config NAME`) and data recipes (`prepare --recipe NAME`).
+
+    Each with the first sentence of its file's opening comment; `bertrain config show NAME` prints one in full.
+
+    Example: bertrain config list
+    """
+    from bertrain.config import describe_yaml, shipped_files
+
+    for title, kind in (("Configs (bertrain pretrain --config NAME):", "configs"),
+                        ("Data recipes (bertrain prepare --recipe NAME):", "data_recipes")):
+        files = shipped_files(kind)
+        width = max((len(path.stem) for path in files), default=0)
+        console.print(title, highlight=False, markup=False)
+        for path in files:
+            console.print(f"  {path.stem:<{width}}  {describe_yaml(path)}", highlight=False, markup=False)
+    console.print("See one in full: bertrain config show NAME (add --explain for what each key means).",
+                  highlight=False, markup=False)
 
 
 @config_app.command("reference")

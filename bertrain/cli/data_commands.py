@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -67,8 +68,23 @@ def prepare(
         prepare__validation_fraction=validation_fraction))
     result = prepare_corpus(loaded, out, shard_index=shard_index, tokenizer_path=tokenizer, console=console)
     if result.get("complete", True):
-        console.print(f"Done: {out} (fingerprint {result['fingerprint'][:12]}). "
-                      f"Next: bertrain pretrain --config tiny_bert --data {out}")
+        config, model = KIND_MODELS.get(result["tokenizer"]["kind"], KIND_MODELS["wordpiece"])
+        console.print(f"Done: {out} (fingerprint {result['fingerprint'][:12]}). Next, pretrain a small {model} "
+                      f"on it (config {config}, which fits its {result['tokenizer']['kind']} tokenizer):",
+                      highlight=False, markup=False, soft_wrap=True)
+        console.print(next_command(out, config), soft_wrap=True, markup=False, highlight=False)
+
+
+# The shipped config that fits each tokenizer kind (ALBERT's n-gram masking and BERT's whole-word
+# masking find words by the tokenizer's word marker), and the model it trains.
+KIND_MODELS = {"wordpiece": ("tiny_bert", "BERT"), "unigram": ("tiny_albert", "ALBERT")}
+
+
+def next_command(out: Path, config: str) -> str:
+    """The pretrain command for a prepared DATA_DIR, whole and copyable (paths quoted for the shell)."""
+    run_dir = Path("runs") / f"{Path(out).resolve().name or 'data'}-{config}"
+    return (f"  bertrain pretrain --config {config} --data {shlex.quote(str(out))} "
+            f"--run-dir {shlex.quote(str(run_dir))}")
 
 
 @tokenizer_app.command("train")
@@ -90,7 +106,7 @@ def tokenizer_train(
     from rich.table import Table
 
     from bertrain.config import load_recipe
-    from bertrain.data.prepare import train_tokenizer_from_recipe
+    from bertrain.data.tokenizer_recipe import train_tokenizer_from_recipe
 
     loaded = load_recipe(recipe, _overrides(overrides, source, tokenizer__kind=kind,
                                             tokenizer__vocab_size=vocab_size))
@@ -108,15 +124,24 @@ def inspect(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="Training config for --pairs."),
     batches: int = typer.Option(1, "--batches", help="Batches to show with --pairs."),
     documents: int = typer.Option(3, "--documents", help="Documents to decode in the summary."),
+    audit: bool = typer.Option(False, "--audit", help="With --pairs: test whether surface features (lengths, "
+                               "[SEP] position, word pieces, punctuation) predict the NSP/SOP label, with "
+                               "lookup probes fit on training batches and scored on held-out documents."),
+    audit_instances: int = typer.Option(20_000, "--audit-instances", min=100,
+                                        help="Labelled instances the audit reads (half fit, half held out)."),
 ) -> None:
     """Summarize a prepared DATA_DIR: manifest, length histograms, a few decoded documents.
 
-    Example: bertrain inspect data/pydoc --pairs --config tiny_bert --batches 2
+    Example: bertrain inspect data/pydoc --pairs --config tiny_bert --batches 2 --audit
     """
+    if audit and not pairs:
+        raise typer.BadParameter("--audit needs --pairs (it audits the training pairs of --config).")
     if pairs:
-        from bertrain.data.inspect_pairs import show_pairs
+        from bertrain.data.inspect_pairs import show_audit, show_pairs
 
         show_pairs(data_dir, config, batches, console)
+        if audit:
+            show_audit(data_dir, config, console, instances=audit_instances)
         return
     from bertrain.data.inspect import show_data_summary
 

@@ -106,16 +106,21 @@ def export(
     out_dir: Path = typer.Argument(..., help="Output directory for the transformers model."),
     tokenizer: Optional[Path] = typer.Option(
         None, "--tokenizer", help="Tokenizer dir to copy (default: the checkpoint's, else RUN_DIR/tokenizer)."),
+    verify: bool = typer.Option(
+        False, "--verify", help="Load the export with transformers, compare its logits with ours on a padded batch, "
+                                "print the max difference and exit 1 if it exceeds 1e-4 (needs transformers)."),
 ) -> None:
     """Write a Hugging Face directory: config.json, model.safetensors and the tokenizer files.
 
     Load it with transformers' AutoModelForPreTraining / AutoModelForMaskedLM / AutoTokenizer.
 
-    Example: bertrain export runs/bert_base_phase1 exported/bert_base
+    Example: bertrain export runs/bert_base_phase1 exported/bert_base --verify
     """
+    from bertrain.errors import BertrainError
     from bertrain.model.hf import export_hf
 
     result = export_hf(checkpoint, out_dir, tokenizer_dir=tokenizer)
+    warn_skipped(result["skipped"])
     table = Table(title=f"Exported to {result['out_dir']}")
     table.add_column("item", style="cyan")
     table.add_column("value")
@@ -129,6 +134,20 @@ def export(
     if not result["tokenizer_files"]:
         err_console.print("[yellow]Warning:[/] no tokenizer found (checkpoint/tokenizer, RUN_DIR/tokenizer); "
                           "pass --tokenizer DATA_DIR/tokenizer so AutoTokenizer and pipelines can load the export.")
+    if verify:
+        from bertrain.model.hf_verify import verify_export
+
+        check = verify_export(result["model"], result["out_dir"])
+        console.print(f"Verify: {check.summary()}", highlight=False)
+        if not check.passed:
+            raise BertrainError(f"export --verify FAILED: transformers' load of {result['out_dir']} does not "
+                                "reproduce the model's logits. Please report this with the command you ran.")
+
+
+def warn_skipped(skipped) -> None:
+    """Say which newer checkpoints of a RUN_DIR were passed over, and why (never a silent fallback)."""
+    for path, why in skipped:
+        err_console.print(f"[yellow]Skipping invalid checkpoint[/] {path}: {why}", highlight=False)
 
 
 @app.command("fill-mask")
@@ -141,9 +160,11 @@ def fill_mask_command(
 
     Example: bertrain fill-mask exported/bert_base "paris is the [MASK] of france." --top-k 5
     """
-    from bertrain.model.hf import fill_mask, load_for_inference
+    from bertrain.model.fill_mask import fill_mask, load_for_inference
 
-    model, tokenizer_dir = load_for_inference(model_dir)
+    skipped: list = []
+    model, tokenizer_dir = load_for_inference(model_dir, skipped)
+    warn_skipped(skipped)
     results = fill_mask(model, tokenizer_dir, text, top_k=top_k)
     groups = results if results and isinstance(results[0], list) else [results]
     for index, group in enumerate(groups):

@@ -2,37 +2,80 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from bertrain.cli.app import ConfigOption, SetOption, app, console
+from bertrain.cli.app import LIST_HINT, ConfigOption, SetOption, app, console
 
 
 @app.command("pretrain")
 def pretrain(
     config: Optional[str] = ConfigOption,
     overrides: Optional[list[str]] = SetOption,
-    data: Optional[str] = typer.Option(None, "--data", help="Prepared DATA_DIR (overrides data.path)."),
-    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="RUN_DIR for checkpoints and metrics "
-                                          "(overrides train.output_dir)."),
-    resume: str = typer.Option("auto", "--resume", help="auto: continue from RUN_DIR's newest valid checkpoint; "
-                               "never: refuse a non-empty RUN_DIR; or a checkpoint directory."),
-    force: bool = typer.Option(False, "--force", help="Resume although data, batch layout or optimizer settings "
-                               "changed (never model shape or tokenizer)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print parameters, steps, disk and an estimated time "
-                                 "from a few measured steps; train nothing."),
+    data: Optional[str] = typer.Option(None, "--data", metavar="DATA_DIR",
+                                       help="Prepared DATA_DIR (overrides data.path)."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", metavar="RUN_DIR",
+                                          help="RUN_DIR for checkpoints and metrics (overrides train.output_dir)."),
+    resume: str = typer.Option("auto", "--resume", metavar="auto|never|restart|PATH",
+                               help="auto: continue from RUN_DIR's newest valid checkpoint (an error when it has "
+                                    "checkpoints but none is valid); never: refuse a non-empty RUN_DIR; restart: "
+                                    "move RUN_DIR's checkpoints and metrics to RUN_DIR/old-<time>/ (nothing is "
+                                    "deleted) and start from step 0; or a checkpoint directory (or another RUN_DIR)."),
+    force: bool = typer.Option(False, "--force", help="Resume although the data, batch layout (batch size, "
+                               "accumulation, processes), optimizer settings (lr, betas, eps, weight decay, grad "
+                               "clipping, schedule, warmup), precision, seed, dropout or a shorter budget changed; "
+                               "never model shape, optimizer kind or tokenizer. A longer budget needs no --force."),
+    trust_checkpoint: bool = typer.Option(
+        False, "--trust-checkpoint", help="Resume from an older-format checkpoint (optimizer.pt, rng-rank*.pt: "
+        "pickle files, which can run code when read) that you wrote or trust. They are read with "
+        "torch.load(weights_only=True), tensors and plain values only; the next checkpoint is saved without pickle."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print parameters, tokens, steps, epochs and disk at once, "
+                                 "then estimate the time from one micro-batch when that is quick; train and write "
+                                 "nothing."),
 ) -> None:
     """Pretrain BERT/ALBERT with MLM + NSP/SOP (Accelerate: plain, `accelerate launch` or `torchrun`).
 
     Saves atomic checkpoints to RUN_DIR/checkpoints, resumes exactly, and on SIGTERM/SIGUSR1 saves and
     exits 75 for the job scheduler to requeue.
 
+    Shipped configs: bertrain config list. A config's values and what each means: bertrain config show NAME --explain.
+
     Example: bertrain pretrain --config tiny_bert --data data/demo_bert --run-dir runs/tiny --set train.max_steps=200
     """
     from bertrain.config import load_config
     from bertrain.train.loop import pretrain as run_pretrain
 
+    check_pretrain_arguments(config, resume)
     resolved = load_config(config, overrides or [])
+    _refuse_precision_this_machine_lacks(resolved.train.mixed_precision)
     run_pretrain(resolved, data_dir=data, run_dir=run_dir, resume=resume, force=force, dry_run=dry_run,
-                 console=console)
+                 console=console, trust_checkpoint=trust_checkpoint)
+
+
+def check_pretrain_arguments(config: Optional[str], resume: str) -> None:
+    """Refuse (exit 2) a missing --config and a --resume path that does not exist, before torch loads."""
+    from bertrain.errors import UsageError
+
+    if config is None:
+        raise UsageError(
+            f"bertrain pretrain needs --config: a config YAML or a shipped config name, e.g. --config tiny_bert for "
+            f"a tiny model on a CPU or --config bert_base for BERT-base ({LIST_HINT}; "
+            f"`bertrain config show NAME` prints one with every value).")
+    if resume not in ("auto", "never", "restart") and not Path(resume).exists():
+        raise UsageError(
+            f"--resume {resume}: no such checkpoint or RUN_DIR. Use --resume auto (continue from RUN_DIR's newest "
+            f"checkpoint), --resume never, --resume restart (start over, moving the old checkpoints aside) or an "
+            f"existing checkpoint directory (RUN_DIR/checkpoints/step-…).")
+
+
+def _refuse_precision_this_machine_lacks(mixed_precision: str) -> None:
+    """fp16 without a CUDA (or other accelerator) device is refused here, where the device is known."""
+    import torch
+
+    from bertrain.config import check_precision_for_device
+
+    accelerated = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) \
+        or torch.backends.mps.is_available()
+    check_precision_for_device(mixed_precision, "cuda" if accelerated else "cpu")

@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from bertrain.errors import DataError
+from bertrain.files import write_atomic
+from bertrain.special_tokens import SPECIAL_TOKEN_NAMES
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
-SPECIAL_TOKEN_NAMES = ("pad", "unk", "cls", "sep", "mask")
 
 
 def token_dtype_for(vocab_size: int) -> np.dtype:
@@ -47,25 +47,6 @@ def token_dtype_for(vocab_size: int) -> np.dtype:
 def shard_paths(split_dir: Path, name: str) -> dict[str, Path]:
     """The three array files of a shard."""
     return {part: split_dir / f"{name}.{part}.npy" for part in ("tokens", "sentences", "documents")}
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (so a rename or a new entry survives a power loss)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, write: Callable[[Path], None], *, fsync: bool = False) -> None:
-    """Call `write(tmp)` on a sibling temporary file, then rename it to `path`: readers see the old file
-    or the new one, never half of one. `fsync` also makes the new content survive a power loss."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    if fsync:
-        fsync_path(tmp)
-    os.replace(tmp, path)
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
@@ -92,15 +73,6 @@ def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_o
     _atomic_save(paths["documents"], document_offsets)
     return {"name": name, "documents": len(document_offsets) - 1, "sentences": len(sentence_offsets) - 1,
             "tokens": int(len(tokens))}
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 hex digest of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fingerprint(manifest: dict[str, Any]) -> str:

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.table import Table
 
 from bertrain.data.format import Split, open_prepared
+from bertrain.data.tokenizer import load_tokenizer
 
 
 def sentence_lengths(split: Split) -> np.ndarray:
@@ -45,8 +47,6 @@ def histogram_rows(lengths: np.ndarray, width: int = 40) -> list[tuple[str, int,
 
 def show_data_summary(data_dir: str | Path, console: Any, num_documents: int = 3) -> None:
     """Print the manifest summary, sentence/document length histograms and decoded documents."""
-    from rich.table import Table
-
     prepared = open_prepared(data_dir)
     manifest = prepared.manifest
     tokenizer = manifest["tokenizer"]
@@ -87,8 +87,6 @@ def show_data_summary(data_dir: str | Path, console: Any, num_documents: int = 3
 
     if num_documents <= 0:
         return
-    from bertrain.data.tokenizer import load_tokenizer
-
     tokenizer_object = load_tokenizer(prepared.tokenizer_dir)
     shown = 0
     for shard in train.shards:

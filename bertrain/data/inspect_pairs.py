@@ -1,4 +1,5 @@
-"""`bertrain inspect DATA_DIR --pairs`: decoded sample instances and realized batch statistics."""
+"""`bertrain inspect DATA_DIR --pairs`: decoded sample instances, realized batch statistics and the
+shortcut audit of the sentence labels (`--audit`, see bertrain.data.pair_audit)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,46 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
+from bertrain.config import load_config, micro_batch_size_for
+from bertrain.data.format import open_prepared
+from bertrain.data.loader import build_train_loader, epoch_plan
+from bertrain.data.pair_audit import DEFAULT_INSTANCES, WARNING_MARGIN, ProbeResult, audit_pairs
 from bertrain.errors import DataError
 
 SAMPLES = 3
+# Statistics cover at least this many tokens (or the whole epoch): ~3,000 masked positions, so the 80/10/10
+# shares carry ~1 point of sampling noise and the masked fraction ~0.3 point.
+MIN_STATISTICS_TOKENS = 20_000
+_PROBE_NAMES = {
+    "length_sign": "sign of len A - len B",
+    "full_length": "instance fills max_seq_length",
+    "sep_parity": "parity of the first [SEP] position",
+    "a_continues": "A starts on a continuation piece",
+    "b_continues": "B starts on a continuation piece",
+    "a_ends_sentence": "A ends on . ! ?",
+    "b_ends_sentence": "B ends on . ! ?",
+    "sep_position": "first [SEP] position",
+    "joint": "all seven features above, jointly",
+}
 
 
 def _split_config(config: Any) -> tuple[Any, int, int]:
-    """(DataConfig, seed, micro-batch size) from a config file or shipped name, a Config, a DataConfig,
-    or None (the defaults)."""
+    """(DataConfig, seed, micro-batch size of one process) from a config file or shipped name, a
+    Config, a DataConfig, or None (the defaults)."""
     if config is None or isinstance(config, (str, Path)):
-        from bertrain.config import load_config
-
         config = load_config(config)
     if hasattr(config, "data"):
-        micro = config.train.batch_size // max(config.train.gradient_accumulation_steps, 1)
-        return config.data, config.train.seed, micro
+        return config.data, config.train.seed, micro_batch_size_for(config, world_size=1)
     return config, 0, 32
 
 
 def _label_name(objective: str, label: int) -> str:
+    if label == -100:
+        return "no sentence label: a one-sentence document, for MLM only"
     if objective == "nsp":
         return "positive: B follows A" if label == 0 else "negative: B from another document"
     return "positive: A before B" if label == 0 else "negative: A and B swapped"
@@ -35,8 +56,6 @@ def _label_name(objective: str, label: int) -> str:
 
 def _decoded(tokens: list[str], ids, original, labels, attention):
     """A rich Text of one instance: [MASK]ed, randomized and kept-but-predicted tokens marked."""
-    from rich.text import Text
-
     text = Text()
     for position in range(int(attention.sum())):
         token = tokens[int(ids[position])] if int(ids[position]) < len(tokens) else f"<{int(ids[position])}>"
@@ -52,17 +71,12 @@ def _decoded(tokens: list[str], ids, original, labels, attention):
 
 
 def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
-    """Print decoded instances of the first batch and statistics over `num_batches`; return the statistics.
+    """Print decoded instances of the first batch and statistics over at least `num_batches` batches and
+    MIN_STATISTICS_TOKENS tokens (or the whole epoch); return the statistics.
 
     `config` is a training config (path or shipped name, a Config, or None for the defaults); its
     data section, train.seed and micro-batch size (batch_size / gradient_accumulation_steps) are used.
     """
-    from rich.markup import escape
-    from rich.table import Table
-
-    from bertrain.data.format import open_prepared
-    from bertrain.data.loader import build_train_loader, epoch_plan
-
     data_config, seed, micro_batch_size = _split_config(config)
     data_config = dataclasses.replace(data_config, path=str(data_dir), num_workers=0)
     prepared = open_prepared(data_dir)
@@ -88,11 +102,13 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         if token_id < len(tokens):
             tokens[token_id] = token
 
-    counts = dict(instances=0, positives=0, eligible=0, chosen=0, masked=0, randomized=0, tokens=0, cells=0)
+    counts = dict(instances=0, labelled=0, positives=0, eligible=0, chosen=0, masked=0, randomized=0, tokens=0, cells=0)
     lengths = []
     mask_id = prepared.special_tokens["mask"]
     pairs = data_config.objective != "none"
-    for micro_batch in range(min(num_batches, len(dataset))):
+    for micro_batch in range(len(dataset)):
+        if micro_batch >= num_batches and counts["tokens"] >= MIN_STATISTICS_TOKENS:
+            break
         assembled = dataset.assemble(dataset.positions(micro_batch))
         batch = dataset.collator(assembled)
         ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
@@ -109,6 +125,7 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
                           style="dim", highlight=False, markup=False)
         counts["instances"] += len(ids)
         counts["positives"] += int((batch["sentence_label"] == 0).sum()) if pairs else 0
+        counts["labelled"] += int((batch["sentence_label"] != -100).sum()) if pairs else 0
         counts["eligible"] += int((~assembled.special).sum())
         counts["chosen"] += int(chosen.sum())
         counts["masked"] += int((chosen & (ids == mask_id)).sum())
@@ -122,8 +139,10 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         "instances_per_epoch": float(len(plan)),
         "plan_seconds": plan_seconds,
         "batches": float(len(lengths)),
+        "tokens": float(counts["tokens"]),
+        "masked_positions": float(counts["chosen"]),
         "instances": float(counts["instances"]),
-        "positive_fraction": counts["positives"] / counts["instances"] if pairs else float("nan"),
+        "positive_fraction": counts["positives"] / max(counts["labelled"], 1) if pairs else float("nan"),
         "masked_fraction_of_eligible": counts["chosen"] / max(counts["eligible"], 1),
         "mask_share": counts["masked"] / chosen,
         "random_share": counts["randomized"] / chosen,
@@ -133,7 +152,9 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         "tokens_per_instance_max": float(length.max()),
         "padding_fraction": 1 - counts["tokens"] / max(counts["cells"], 1),
     }
-    table = Table(title=f"Realized statistics over {len(lengths)} batch(es) of {micro_batch_size}")
+    whole = "; the whole epoch" if len(lengths) == len(dataset) else ""
+    table = Table(title=f"Realized statistics over {counts['instances']:,} instances ({counts['tokens']:,} tokens, "
+                        f"{counts['chosen']:,} masked positions; {len(lengths)} batch(es) of {micro_batch_size}{whole})")
     table.add_column("statistic")
     table.add_column("value", justify="right")
     table.add_column("configured", justify="right")
@@ -153,3 +174,45 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
     table.add_row("padding fraction", f"{stats['padding_fraction']:.3f}", "")
     console.print(table)
     return stats
+
+
+def print_audit(results: list[ProbeResult], objective: str, console) -> bool:
+    """Print the probe table and, when a probe beats the majority rate by more than WARNING_MARGIN,
+    a warning naming it. Returns whether any did."""
+    first = results[0]
+    table = Table(title=f"{objective.upper()} shortcut audit: lookup probes fit on {first.fit_instances:,} "
+                        f"instances, scored on {first.held_out_instances:,} held-out instances of other "
+                        f"documents (standard error {100 * first.standard_error:.1f} points)")
+    for column, justify in (("surface feature", "left"), ("held-out accuracy", "right"),
+                            ("majority rate", "right"), ("margin", "right"), ("", "left")):
+        table.add_column(column, justify=justify)
+    for result in results:
+        table.add_row(_PROBE_NAMES.get(result.probe, result.probe), f"{result.accuracy:.3f}",
+                      f"{result.majority:.3f}", f"{100 * result.margin:+.1f} pts",
+                      "[bold red]SHORTCUT[/]" if result.shortcut else "ok")
+    console.print(table)
+    leaks = [r for r in results if r.shortcut]
+    if leaks:
+        named = ", ".join(f"{_PROBE_NAMES.get(r.probe, r.probe)} ({100 * r.margin:+.1f})" for r in leaks)
+        console.print(f"[bold red]WARNING:[/] surface features predict the {objective.upper()} label more than "
+                      f"{100 * WARNING_MARGIN:.0f} points above the majority rate: {escape(named)}. The sentence "
+                      f"head can learn this shortcut instead of discourse, and its accuracy overstates what it "
+                      f"learned. Pairs built by this version of bertrain show none on shuffled text; on real text "
+                      f"a small margin can also be the text's own (e.g. a colon followed by a code block).")
+    else:
+        console.print(f"No surface feature predicts the {objective.upper()} label: no probe beats the majority "
+                      f"rate by more than {100 * WARNING_MARGIN:.0f} points.")
+    return bool(leaks)
+
+
+def show_audit(data_dir, config, console, instances: int = DEFAULT_INSTANCES) -> list[ProbeResult]:
+    """Run the shortcut audit on the training batches of `config` (see show_pairs) and print it."""
+    data_config, seed, micro_batch_size = _split_config(config)
+    if data_config.objective == "none":
+        console.print("data.objective is none: no sentence label, nothing to audit.")
+        return []
+    data_config = dataclasses.replace(data_config, path=str(data_dir), num_workers=0)
+    results = audit_pairs(open_prepared(data_dir), data_config, seed=seed, micro_batch_size=micro_batch_size,
+                          instances=instances)
+    print_audit(results, data_config.objective, console)
+    return results

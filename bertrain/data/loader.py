@@ -5,13 +5,14 @@ world_size; rank r takes [r*micro_batch_size:(r+1)*micro_batch_size] of it and t
 global micro-batch is dropped, so every rank gets the same count (uneven counts stall DDP). The
 dataset is map-style with one item per micro-batch: item m is a pure function of (data, config,
 seed, epoch, m, rank), so starting at any micro-batch is O(1) and workers never change results.
+For a CUDA device the loader pins each micro-batch's memory (the step copies it with non_blocking).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -79,11 +80,12 @@ class MicroBatchDataset:
     """Map-style dataset: item m is this rank's part of global micro-batch m of one epoch."""
 
     def __init__(self, prepared: PreparedData, data_config, plan: EpochPlan, settings: MaskingSettings, *,
-                 split: str, seed: int, epoch: int, micro_batch_size: int, rank: int, world_size: int):
+                 split: str, seed: int, epoch: int, micro_batch_size: int, rank: int, world_size: int,
+                 layout: Callable | None = None):
         self.data_path = prepared.path
         self.split_name = split
         self.plan = plan
-        self.collator = Collator(settings)
+        self.collator = Collator(settings, layout)
         self.special_tokens = prepared.special_tokens
         self.pairs = data_config.objective != "none"
         self.max_seq_length = data_config.max_seq_length
@@ -142,11 +144,19 @@ class MicroBatchDataset:
         return self.collator(self.assemble(self.positions(micro_batch)))
 
 
-class MicroBatchLoader:
-    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers."""
+def pinned(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch in page-locked memory (each value's pin_memory(), the layout's included)."""
+    return {key: value.pin_memory() for key, value in batch.items()}
 
-    def __init__(self, dataset: MicroBatchDataset, start: int, stop: int, num_workers: int = 0):
+
+class MicroBatchLoader:
+    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers
+    (kept alive across this loader's iterations), pinned when `pin_memory`."""
+
+    def __init__(self, dataset: MicroBatchDataset, start: int, stop: int, num_workers: int = 0,
+                 pin_memory: bool = False):
         self.dataset, self.start, self.stop, self.num_workers = dataset, start, stop, num_workers
+        self.pin_memory = pin_memory
 
     def __len__(self) -> int:
         return max(self.stop - self.start, 0)
@@ -154,13 +164,15 @@ class MicroBatchLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.num_workers <= 0 or len(self) == 0:
             for micro_batch in range(self.start, self.stop):
-                yield self.dataset[micro_batch]
+                batch = self.dataset[micro_batch]
+                yield pinned(batch) if self.pin_memory else batch
             return
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
 
         # batch_size=None: each item already is a micro-batch; the sampler is just the index range.
         loader = DataLoader(self.dataset, batch_size=None, sampler=range(self.start, self.stop),
-                            num_workers=self.num_workers, persistent_workers=False)
+                            num_workers=self.num_workers, persistent_workers=True, pin_memory=self.pin_memory,
+                            prefetch_factor=4)
         yield from loader
 
 
@@ -172,20 +184,22 @@ def num_micro_batches(prepared: PreparedData, data_config, *, seed: int, epoch: 
 
 
 def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
-                       rank: int, world_size: int, start_micro_batch: int = 0) -> MicroBatchLoader:
-    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1)."""
+                       rank: int, world_size: int, start_micro_batch: int = 0, layout: Callable | None = None,
+                       pin_memory: bool = False) -> MicroBatchLoader:
+    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1). `layout`: see
+    Collator; `pin_memory`: page-locked batches (for non_blocking copies to a CUDA device)."""
     _check_layout(micro_batch_size, rank, world_size)
     plan = epoch_plan(prepared, data_config, seed=seed, epoch=epoch)
     dataset = MicroBatchDataset(prepared, data_config, plan, masking_settings(prepared, data_config), split="train",
                                 seed=seed, epoch=epoch, micro_batch_size=micro_batch_size, rank=rank,
-                                world_size=world_size)
+                                world_size=world_size, layout=layout)
     total = len(dataset)
     if total == 0:
         raise DataError(f"{prepared.path}: the train split gives {len(plan)} instances, fewer than one global "
                         f"micro-batch of {micro_batch_size * world_size}. Use more data or a smaller batch.")
     if not 0 <= start_micro_batch <= total:
         raise UsageError(f"Cannot start epoch {epoch} at micro-batch {start_micro_batch}: it has {total}.")
-    return MicroBatchLoader(dataset, start_micro_batch, total, data_config.num_workers)
+    return MicroBatchLoader(dataset, start_micro_batch, total, data_config.num_workers, pin_memory)
 
 
 def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,

@@ -19,15 +19,16 @@ the 80/10/10 decision is made once per unit (per word in the word modes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from bertrain.errors import DataError
+from bertrain.special_tokens import SPECIAL_IDS, WORD_MARKERS
 
 IGNORE_INDEX = -100
-FIRST_REGULAR_ID = 5   # pad, unk, cls, sep, mask are ids 0-4 for both tokenizer kinds (shared contract)
-WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
+FIRST_REGULAR_ID = max(SPECIAL_IDS.values()) + 1   # the special tokens come first in both tokenizer kinds
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _STREAM = np.uint64(0xD1B54A32D192ED03)
@@ -40,13 +41,13 @@ STREAM_CHOOSE, STREAM_ACTION, STREAM_RANDOM_ID, STREAM_PRIORITY, STREAM_SPAN = r
 
 def mask_tokens(input_ids, special_tokens_mask, vocab_size: int, mask_token_id: int, generator,
                 mlm_probability: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1, *,
-                pad_token_id: int = 0, first_regular_id: int = FIRST_REGULAR_ID):
+                pad_token_id: int = SPECIAL_IDS["pad"], first_regular_id: int = FIRST_REGULAR_ID):
     """BERT masking of a [B, T] batch: returns (masked input_ids, labels with -100 where not chosen).
 
     Chosen: each non-special, non-padding position with probability `mlm_probability`; of those,
     `mask_prob` become [MASK], `random_prob` a random non-special id (>= first_regular_id), the rest stay.
     """
-    import torch
+    import torch  # seconds to import: only this torch-driven variant needs it, not the numpy masking
 
     eligible = ~special_tokens_mask.bool() & (input_ids != pad_token_id)
     probability = torch.full(input_ids.shape, mlm_probability, dtype=torch.float32)
@@ -115,8 +116,6 @@ def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vo
         raise DataError(f"The manifest's tokenizer.word_marker is {word_marker!r}, but a {kind} tokenizer marks "
                         f"words with {expected!r}. Prepare the data again, or use data.masking: token.")
     try:
-        from tokenizers import Tokenizer
-
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     except Exception as error:  # missing or unreadable tokenizer.json
         raise DataError(f"Cannot read the tokenizer {tokenizer_file} ({error}); whole-word and n-gram "
@@ -127,7 +126,8 @@ def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vo
     for token_id in range(size):
         token = tokenizer.id_to_token(token_id)
         if token is not None:
-            is_continuation = token.startswith("##") if kind == "wordpiece" else not token.startswith("▁")
+            # WordPiece marks pieces that continue a word, Unigram pieces that start one.
+            is_continuation = token.startswith(expected) if kind == "wordpiece" else not token.startswith(expected)
             table[token_id] = not is_continuation
     table[:FIRST_REGULAR_ID] = True
     return table
@@ -266,13 +266,18 @@ class AssembledBatch:
 
 
 class Collator:
-    """Masks an assembled batch and returns the training dict of int64 tensors."""
+    """Masks an assembled batch and returns the training dict of int64 tensors.
 
-    def __init__(self, settings: MaskingSettings):
+    `layout(attention_mask, labels, sentence_label)`, when given (the trainer passes the model's
+    batch_layout), adds what the step needs to know about the masks as key "layout", computed here
+    on the host so the step never reads it back from the device."""
+
+    def __init__(self, settings: MaskingSettings, layout: Callable | None = None):
         self.settings = settings
+        self.layout = layout
 
     def __call__(self, batch: AssembledBatch) -> dict[str, Any]:
-        import torch
+        import torch  # seconds to import: only the tensors handed to training need it
 
         masked, labels = mask_batch(self.settings, batch.input_ids, batch.special, batch.keys)
         out = {"input_ids": torch.from_numpy(masked.astype(np.int64, copy=False)),
@@ -281,4 +286,6 @@ class Collator:
                "labels": torch.from_numpy(labels.astype(np.int64, copy=False))}
         if batch.sentence_label is not None:
             out["sentence_label"] = torch.from_numpy(batch.sentence_label.astype(np.int64))
+        if self.layout is not None:
+            out["layout"] = self.layout(batch.attention_mask, labels, batch.sentence_label)
         return out

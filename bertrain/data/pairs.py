@@ -3,28 +3,52 @@
 Pairs are never written to disk. An epoch's plan is a handful of numpy arrays with one entry per
 instance (token spans of segment A and B, sentence label, source documents), built vectorized from
 the sentence and document offsets of every shard of a split; an instance is then assembled in O(1)
-from the memory-mapped tokens (`gather_instances`). Memory is proportional to sentences + instances,
+from the memory-mapped tokens (`gather_tokens`). Memory is proportional to sentences + instances,
 never to tokens.
 
 The algorithm is Google's `create_instances_from_document` (BERT's create_pretraining_data.py),
-vectorized *across documents*: each iteration of the loop in `build_plan` advances every document
-(window) by one chunk at once, so the Python loop runs max-chunks-per-window times, not once per
-chunk. Where it differs from Google's, on purpose:
+vectorized *across documents*: each iteration of the loop in `pair_chunks.plan_chunks` advances every
+document (window) by one chunk at once, so the Python loop runs max-chunks-per-window times, not once
+per chunk. Where it differs from Google's, on purpose:
   * the short target (`short_seq_prob`) is drawn per chunk; Google draws it once per document, so
     a "short" document makes all its chunks short (and the realized share of short instances is
     not `short_seq_prob`).
   * documents are chunked in windows of at most `WINDOW_SENTENCES` sentences (a chunk never
-    crosses a window edge), which bounds the loop length for book-length documents; windows are
-    planned in blocks of about a million sentences, which bounds the scratch memory.
-  * NSP: a single-sentence chunk drawn as a positive is split inside the sentence (as SOP does);
-    Google forces it to a random-document negative, which pushes the positive share below 50%.
-    The random document is drawn uniformly among the *other* documents (Google retries 10 times
-    and can end up with the same document). The put-back of a negative's unused sentences (the
-    chunk's B part is reconsidered for the next chunk) is kept exactly as Google does.
-  * SOP: a negative is the positive with A and B swapped after truncation (an exact swap); a
-    single-sentence chunk is split inside the sentence and never gets a random-document B
-    (ALBERT's code leaks NSP negatives into SOP there).
-Label convention (transformers): 0 = positive (B follows A), 1 = negative (random B / swapped).
+    crosses a window edge; a long document is cut into windows of equal size), which bounds the
+    loop length for book-length documents; windows are planned in blocks of about a million
+    sentences, which bounds the scratch memory.
+  * no surface feature reveals the label (`bertrain inspect DATA_DIR --pairs --audit` measures it,
+    tests/test_pair_audit.py holds it within 2 points of chance). Google's rules leak it:
+      - A and B are whole sentences (until truncation): A takes sentences until a uniform budget
+        of 1..target-1 tokens, then B until the pair reaches the target, so B is one more sentence
+        when A alone reached it. Google splits a chunk of one sentence at a random token, so "B
+        starts inside a word" and "A ends without . ! ?" meant positive (SOP after the swap: A starts
+        inside a word = negative). Taking the next sentence keeps every such instance labelled
+        (giving them no sentence label instead would lose most sentence labels at 32 tokens, where
+        most sentences fill a chunk alone). The added sentence, mostly truncated away, starts the
+        next chunk, so MLM still sees it.
+      - SOP: a negative swaps A and B *before* truncation (as Google's ALBERT code does), and the
+        truncation is symmetric in expectation (a coin decides which segment loses on ties and keeps
+        the odd token). Swapping after an asymmetric truncation made len A < len B (and the first
+        [SEP] position) give the label away. Windows are also walked forward or backward (a coin per
+        window, B taking the budget backward): the sentence that completes a chunk is longer than
+        average, so walking one way only would make the second segment longer.
+      - NSP: a negative's B is made by the rule that made the positive's B it replaces, from another
+        document: from a uniform sentence until the pair reaches the target (starting earlier where
+        that document ends first), or, where the positive's B ended with its document short of the
+        target, the same number of sentences at the end of a document, as short. Google's random B
+        fills the target from a uniform document, so short documents made negatives short, and
+        negatives were longer where positives ended with their document.
+      - one-sentence documents (windows) have no second segment: they are cut at a uniform token and
+        get sentence label -100 (no sentence loss; they still train MLM). Google makes them NSP
+        negatives, so the label leaks through "A is a whole short document".
+  * NSP: the random document is never A's own (Google retries 10 times and can end up with the same
+    document). The put-back of a negative's unused sentences (the chunk's B part is reconsidered for
+    the next chunk) is kept as Google does.
+  * SOP never gets a random-document B (ALBERT's code leaks NSP negatives into SOP for chunks of
+    one sentence).
+Label convention (transformers): 0 = positive (B follows A), 1 = negative (random B / swapped),
+-100 = no sentence label (ignored by the sentence loss and accuracy).
 """
 
 from __future__ import annotations
@@ -34,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertrain.data.format import Split
+from bertrain.data.pair_chunks import plan_chunks, random_b, uniform_int
 from bertrain.errors import DataError
 
 WINDOW_SENTENCES = 1024
@@ -112,26 +137,16 @@ def epoch_generator(seed: int, epoch: int, split: str = "train") -> np.random.Ge
                                                          epoch, _SPLIT_TAGS.get(split, 2), 0x5EED]))
 
 
-def _randint(rng: np.random.Generator, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Uniform integers in [low, high] (inclusive, elementwise; high >= low)."""
-    return low + np.floor(rng.random(len(low)) * (high - low + 1)).astype(np.int64)
-
-
-def _chunk_end(index: SplitIndex, first: np.ndarray, target: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """Last sentence of a chunk starting at `first`: the first sentence where the running token
-    count reaches `target` (Google's `current_length >= target_seq_length`), at most `last`."""
-    reach = index.sentence_cum[first] + np.maximum(target, 1)
-    # Sorted queries let searchsorted reuse the previous answer: ~10x faster on random-document starts.
-    order = np.argsort(reach, kind="stable")
-    end = np.empty_like(reach)
-    end[order] = np.searchsorted(index.sentence_cum, reach[order], side="left") - 1
-    return np.clip(end, first, last)
-
-
-def truncate_pair(a_length: np.ndarray, b_length: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def truncate_pair(a_length: np.ndarray, b_length: np.ndarray, max_tokens: int,
+                  a_keeps_extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Closed form of Google's truncate_seq_pair lengths: trim the longer segment (B on ties) one
-    token at a time until the pair fits."""
+    token at a time until the pair fits. Where `a_keeps_extra` is False the roles are mirrored (A
+    loses on ties, B keeps the extra token of an odd budget): a fair coin there makes it symmetric."""
     a, b = a_length.astype(np.int64), b_length.astype(np.int64)
+    if a_keeps_extra is not None:
+        mirrored_b, mirrored_a = truncate_pair(b, a, max_tokens)
+        google_a, google_b = truncate_pair(a, b, max_tokens)
+        return np.where(a_keeps_extra, google_a, mirrored_a), np.where(a_keeps_extra, google_b, mirrored_b)
     excess = np.maximum(a + b - max_tokens, 0)
     half_up, half_down = (max_tokens + 1) // 2, max_tokens // 2
     # Only A shrinks while A stays longer than B; only B while B stays at least as long as A;
@@ -151,6 +166,19 @@ def _trim(rng: np.random.Generator, start: np.ndarray, length: np.ndarray, new_l
     return start + front
 
 
+def _windows(index: SplitIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first sentence, end sentence, document) of each window: a document cut into the fewest
+    windows of at most WINDOW_SENTENCES sentences, of equal size (so none is a lone sentence)."""
+    doc_first, doc_end = index.document_first[:-1], index.document_first[1:]
+    size = doc_end - doc_first
+    windows_per_doc = -(-size // WINDOW_SENTENCES)
+    window_doc = np.repeat(np.arange(index.num_documents, dtype=np.int64), windows_per_doc)
+    first_window = np.cumsum(windows_per_doc) - windows_per_doc
+    rank = np.arange(len(window_doc)) - np.repeat(first_window, windows_per_doc)
+    count, size, base = windows_per_doc[window_doc], size[window_doc], doc_first[window_doc]
+    return base + rank * size // count, base + (rank + 1) * size // count, window_doc
+
+
 def build_plan(index: SplitIndex, *, objective: str, max_seq_length: int, short_seq_prob: float,
                seed: int, epoch: int, split: str = "train") -> EpochPlan:
     """The instances and order of one epoch, a pure function of (data, settings, seed, epoch, split)."""
@@ -162,23 +190,16 @@ def build_plan(index: SplitIndex, *, objective: str, max_seq_length: int, short_
         raise DataError(f"The {split} split has {len(nonempty)} non-empty document(s): NSP needs at least two, "
                         f"because a negative takes its second segment from a different document. Use more "
                         f"documents, or data.objective: sop (or none).")
-
-    # Windows: documents cut into runs of at most WINDOW_SENTENCES sentences (see module docstring).
-    doc_first, doc_end = index.document_first[:-1], index.document_first[1:]
-    windows_per_doc = -(-(doc_end - doc_first) // WINDOW_SENTENCES)
-    window_doc = np.repeat(np.arange(index.num_documents, dtype=np.int64), windows_per_doc)
-    first_window = np.cumsum(windows_per_doc) - windows_per_doc
-    window_rank = np.arange(len(window_doc)) - np.repeat(first_window, windows_per_doc)
-    window_first = doc_first[window_doc] + window_rank * WINDOW_SENTENCES
-    window_end = np.minimum(window_first + WINDOW_SENTENCES, doc_end[window_doc])
-
+    window_first, window_end, window_doc = _windows(index)
     # Blocks of consecutive windows (about BLOCK_SENTENCES sentences each) are planned one after the
     # other with the same generator: scratch memory is per block, what is kept is per instance.
     block = (window_first - (window_first[0] if len(window_first) else 0)) // BLOCK_SENTENCES
     bounds = np.flatnonzero(np.diff(block, prepend=-1, append=block[-1] + 1 if len(block) else 0))
-    pieces = [_plan_block(index, window_first[a:b], window_end[a:b], window_doc[a:b], nonempty, rng,
-                          objective=objective, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob)
-              for a, b in zip(bounds[:-1], bounds[1:])]
+    settings = dict(objective=objective, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob)
+    pieces = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        chunks = plan_chunks(index, window_first[a:b], window_end[a:b], window_doc[a:b], rng, **settings)
+        pieces.append(_instances(index, chunks, nonempty, rng, **settings))
     empty = {"a_start": np.int64, "a_length": np.int32, "b_start": np.int64, "b_length": np.int32,
              "sentence_label": np.int8, "document": np.int64, "b_document": np.int64, "target": np.int32}
     fields = {name: (np.concatenate([piece[name] for piece in pieces]) if pieces else np.zeros(0, empty[name]))
@@ -187,90 +208,62 @@ def build_plan(index: SplitIndex, *, objective: str, max_seq_length: int, short_
     return EpochPlan(**fields, order=rng.permutation(len(fields["a_start"])), skipped_chunks=skipped)
 
 
-def _plan_block(index: SplitIndex, position: np.ndarray, window_end: np.ndarray, window_doc: np.ndarray,
-                nonempty: np.ndarray, rng: np.random.Generator, *, objective: str, max_seq_length: int,
-                short_seq_prob: float) -> dict:
-    """Instances of one block of windows: Google's per-document loop, run for all windows at once."""
+def _instances(index: SplitIndex, chunks: dict, nonempty: np.ndarray, rng: np.random.Generator, *,
+               objective: str, max_seq_length: int, short_seq_prob: float) -> dict:
+    """Token spans and labels of the chunks of one block: split, random B, swap, truncate, trim."""
+    first, b_first, end, negative, document, target = (
+        chunks[k] for k in ("first", "b_first", "end", "negative", "doc", "target"))
     pairs = objective != "none"
     max_tokens = max_seq_length - (3 if pairs else 2)
-    position = position.copy()
-    active = np.arange(len(position))
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("first", "end", "split", "random", "doc", "target")}
-    while len(active):
-        first, last, doc = position[active], window_end[active] - 1, window_doc[active]
-        count = len(active)
-        short = rng.random(count) < short_seq_prob
-        target = np.where(short, _randint(rng, np.full(count, 2), np.full(count, max(max_tokens, 2))), max_tokens)
-        end = _chunk_end(index, first, target, last)
-        n_sentences = end - first + 1
-        one = np.ones(count, np.int64)
-        a_sentences = np.where(n_sentences >= 2, _randint(rng, one, np.maximum(n_sentences - 1, 1)), 1)
-        negative = (rng.random(count) < 0.5) if pairs else np.zeros(count, bool)
-        # Google's put-back: a random-B chunk used only its A sentences; the rest start the next chunk.
-        random_b = negative if objective == "nsp" else np.zeros(count, bool)
-        next_position = np.where(random_b, first + a_sentences, end + 1)
-        for key, value in (("first", first), ("end", end), ("split", a_sentences), ("random", negative),
-                           ("doc", doc), ("target", target)):
-            parts[key].append(value)
-        position[active] = next_position
-        active = active[next_position < window_end[active]]
-
-    first, end, a_sentences = (np.concatenate(parts[k]) for k in ("first", "end", "split"))
-    negative, document, target = (np.concatenate(parts[k]) for k in ("random", "doc", "target"))
-    del parts
     count = len(first)
     cum, sentence_start = index.sentence_cum, index.sentence_start
     chunk_tokens = cum[end + 1] - cum[first]
     a_start = sentence_start[first]
-
     if not pairs:
-        a_length = chunk_tokens
-        keep = a_length >= 1
-        new_a = np.minimum(a_length, max_tokens)
-        a_start = _trim(rng, a_start, a_length, new_a)
-        b_start, b_length, b_document = np.zeros(count, np.int64), np.zeros(count, np.int64), document
-        a_length, label = new_a, np.zeros(count, np.int8)
-    else:
-        random_b = negative & (objective == "nsp")
-        a_length = cum[first + a_sentences] - cum[first]
-        b_start = sentence_start[np.minimum(first + a_sentences, end)]
-        b_length = chunk_tokens - a_length
-        # A chunk that cannot be split at a sentence boundary (one sentence, or an empty side) is
-        # split inside at a uniform token position, unless B comes from another document anyway.
-        inside = ~random_b & ((a_length == 0) | (b_length == 0))
-        cut = _randint(rng, np.ones(count, np.int64), np.maximum(chunk_tokens - 1, 1))
-        a_length = np.where(inside, cut, a_length)
-        b_start = np.where(inside, a_start + cut, b_start)
-        b_length = np.where(inside, np.maximum(chunk_tokens - cut, 0), b_length)
-        b_document = document.copy()
-        if objective == "nsp":
-            rows = np.flatnonzero(random_b)
-            # A random *other* document: draw among the other non-empty ones, skipping the chunk's own.
-            own = np.searchsorted(nonempty, document[rows])
-            other = np.floor(rng.random(len(rows)) * (len(nonempty) - 1)).astype(np.int64)
-            other = nonempty[other + (other >= own)]
-            other_first, other_end = index.document_first[other], index.document_first[other + 1]
-            random_first = _randint(rng, other_first, np.maximum(other_end - 1, other_first))
-            b_target = target[rows] - a_length[rows]
-            random_end = _chunk_end(index, random_first, b_target, np.maximum(other_end - 1, other_first))
-            b_start[rows] = sentence_start[random_first]
-            b_length[rows] = cum[random_end + 1] - cum[random_first]
-            b_document[rows] = other
-        keep = (a_length >= 1) & (b_length >= 1)
-        new_a, new_b = truncate_pair(a_length, b_length, max_tokens)
-        a_start = _trim(rng, a_start, a_length, new_a)
-        b_start = _trim(rng, b_start, b_length, new_b)
-        a_length, b_length = new_a, new_b
-        label = negative.astype(np.int8)
-        if objective == "sop":  # the negative is the truncated positive with its segments swapped
-            a_start, b_start = np.where(negative, b_start, a_start), np.where(negative, a_start, b_start)
-            a_length, b_length = np.where(negative, b_length, a_length), np.where(negative, a_length, b_length)
+        keep = chunk_tokens >= 1
+        new_a = np.minimum(chunk_tokens, max_tokens)
+        a_start = _trim(rng, a_start, chunk_tokens, new_a)
+        return _kept(keep, a_start, new_a, np.zeros(count, np.int64), np.zeros(count, np.int64),
+                     np.zeros(count, np.int8), document, document, target)
 
+    labelled = (b_first > first) & (b_first <= end)
+    a_length = cum[b_first] - cum[first]
+    b_start = sentence_start[np.minimum(b_first, end)]
+    b_length = chunk_tokens - a_length
+    # A lone sentence (a one-sentence window): cut at a uniform token; no sentence label, MLM only.
+    cut = uniform_int(rng, np.ones(count, np.int64), np.maximum(chunk_tokens - 1, 1))
+    a_length = np.where(labelled, a_length, cut)
+    b_start = np.where(labelled, b_start, a_start + cut)
+    b_length = np.where(labelled, b_length, np.maximum(chunk_tokens - cut, 0))
+    b_document = document.copy()
+    negative = negative & labelled
+    if objective == "nsp":
+        rows = np.flatnonzero(negative)
+        # A positive's B short of the target ended with its window: the negative's B ends a document too.
+        tail = np.where(chunk_tokens[rows] < target[rows], end[rows] - b_first[rows] + 1, 0)
+        random_first, random_end, other = random_b(index, nonempty, rng, document[rows],
+                                                    target[rows] - a_length[rows], tail)
+        b_start[rows] = sentence_start[random_first]
+        b_length[rows] = cum[random_end + 1] - cum[random_first]
+        b_document[rows] = other
+    else:  # SOP: the negative swaps the whole segments, before truncation
+        a_start, b_start = np.where(negative, b_start, a_start), np.where(negative, a_start, b_start)
+        a_length, b_length = np.where(negative, b_length, a_length), np.where(negative, a_length, b_length)
+    keep = (a_length >= 1) & (b_length >= 1)
+    new_a, new_b = truncate_pair(a_length, b_length, max_tokens, a_keeps_extra=rng.random(count) < 0.5)
+    a_start = _trim(rng, a_start, a_length, new_a)
+    b_start = _trim(rng, b_start, b_length, new_b)
+    label = np.where(labelled, negative, -100).astype(np.int8)
+    return _kept(keep, a_start, new_a, b_start, new_b, label, document, b_document, target)
+
+
+def _kept(keep: np.ndarray, a_start, a_length, b_start, b_length, label, document, b_document, target) -> dict:
+    """The plan fields of the instances to keep, in their stored dtypes."""
     kept = np.flatnonzero(keep)
     return {"a_start": a_start[kept], "a_length": a_length[kept].astype(np.int32), "b_start": b_start[kept],
             "b_length": b_length[kept].astype(np.int32), "sentence_label": label[kept], "document": document[kept],
             "b_document": b_document[kept], "target": target[kept].astype(np.int32),
-            "skipped": int(count - len(kept))}
+            "skipped": int(len(keep) - len(kept))}
 
 
 def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:

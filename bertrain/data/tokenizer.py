@@ -13,19 +13,18 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-from bertrain.config import TokenizerConfig
-from bertrain.data.format import file_sha256, write_atomic
-from bertrain.errors import DataError
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-SPECIAL_TOKENS = {
-    "wordpiece": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
-    "unigram": {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
-}
-SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
-WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
+from bertrain.config import TokenizerConfig
+from bertrain.files import file_sha256, write_atomic
+from bertrain.errors import DataError
+from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
+
 # How Unigram text is cut before the model sees it: words, single digits, punctuation runs.
 UNIGRAM_SPLIT = r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"
 UNIGRAM_SLACK = 1.5
+CONTINUATION = WORD_MARKERS["wordpiece"]   # "##": WordPiece marks pieces that continue a word
+SPACE = WORD_MARKERS["unigram"]            # "▁": Unigram marks pieces that start a word (a space before)
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 
 
@@ -40,11 +39,9 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     `alphabet` (characters of the raw training text) fixes WordPiece's "##x" ids up front;
     `trainer_size` is the vocabulary the trainer is asked for (default: config.vocab_size).
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
     specials = list(SPECIAL_TOKENS[config.kind].values())
     if config.kind == "wordpiece":
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+        tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIAL_TOKENS["wordpiece"]["unk"], max_input_chars_per_word=100))
         tokenizer.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=_strip_accents(config),
             lowercase=config.lowercase)
@@ -57,11 +54,11 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
             normalized.update(tokenizer.normalizer.normalize_str(char))
         continuing = [char for char in sorted(normalized)  # punctuation is never inside a word
                       if len(tokenizer.pre_tokenizer.pre_tokenize_str("a" + char)) == 1]
-        specials += [f"##{char}" for char in continuing]
-        tokenizer.decoder = decoders.WordPiece(prefix="##")
+        specials += [f"{CONTINUATION}{char}" for char in continuing]
+        tokenizer.decoder = decoders.WordPiece(prefix=CONTINUATION)
         trainer = trainers.WordPieceTrainer(
             vocab_size=trainer_size or config.vocab_size, min_frequency=config.min_frequency,
-            special_tokens=specials, continuing_subword_prefix="##", show_progress=False)
+            special_tokens=specials, continuing_subword_prefix=CONTINUATION, show_progress=False)
         return tokenizer, trainer
     tokenizer = Tokenizer(models.Unigram())
     steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"'), normalizers.NFKC()]
@@ -77,10 +74,10 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     # ("▁this", "▁and", "▁are") never became pieces. Words carrying punctuation ("▁this,", "▁this.")
     # supply the second type; the pieces that mix words and punctuation are dropped after training
     # (`keep_usable_pieces`), which is why the trainer is asked for more (UNIGRAM_SLACK, then more if short).
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="first")
     trainer = trainers.UnigramTrainer(
-        vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials, unk_token="<unk>",
+        vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials, unk_token=SPECIAL_TOKENS["unigram"]["unk"],
         max_piece_length=16, show_progress=False)
     return tokenizer, trainer
 
@@ -88,30 +85,24 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
 def unigram_pre_tokenizer() -> Any:
     """Words, single digits and punctuation runs, each keeping the space before it, which Metaspace
     marks as "▁" (as SentencePiece's '▁"' or '▁('), so there is no bare "▁" before every punctuation mark."""
-    from tokenizers import Regex, pre_tokenizers
-
     return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(UNIGRAM_SPLIT), behavior="isolated"),
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)])
+        pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)])
 
 
 def keep_usable_pieces(pieces: list[list], size: int) -> list[list]:
     """All single characters, then the best-scoring pieces the encoding pre-tokenizer can produce
     (no "▁" inside, letters and punctuation not mixed, one digit at most), `size` pieces in all."""
-    from tokenizers import Regex, pre_tokenizers
-
     split = pre_tokenizers.Split(Regex(UNIGRAM_SPLIT), behavior="isolated")
     chars = [item for item in pieces if len(item[0]) == 1]
     usable = [item for item in pieces
-              if len(item[0]) > 1 and len(split.pre_tokenize_str(item[0].replace("▁", " "))) == 1]
+              if len(item[0]) > 1 and len(split.pre_tokenize_str(item[0].replace(SPACE, " "))) == 1]
     usable.sort(key=lambda item: (-item[1], item[0]))
     return chars + usable[:max(0, size - len(chars))]
 
 
 def add_post_processor(tokenizer: Any, cls_token: str, sep_token: str) -> None:
     """BERT's template: [CLS] A [SEP] (B [SEP]) with token types 0 for A, 1 for B."""
-    from tokenizers import processors
-
     cls_id, sep_id = tokenizer.token_to_id(cls_token), tokenizer.token_to_id(sep_token)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls_token}:0 $A:0 {sep_token}:0", pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
@@ -161,8 +152,6 @@ def canonical(tokenizer: Any, kind: str, vocab_size: int) -> Any:
     are rounded, the tied characters' offsets reassigned in sorted order, and pieces sorted).
     Unigram also keeps only the `vocab_size` pieces its encoding can use (see build_untrained).
     """
-    from tokenizers import Tokenizer
-
     data = json.loads(tokenizer.to_str())
     specials = set(SPECIAL_TOKENS[kind].values())
     data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] in specials]
@@ -350,8 +339,6 @@ def tokenizer_file(path: str | Path) -> Path:
 
 def load_tokenizer(path: str | Path) -> Any:
     """Load a tokenizers.Tokenizer from a directory holding tokenizer.json or from the file."""
-    from tokenizers import Tokenizer
-
     file = tokenizer_file(path)
     if not file.is_file():
         raise DataError(f"No tokenizer at '{path}': expected a tokenizer.json file or a directory holding one.")

@@ -1,19 +1,22 @@
-"""BERT and ALBERT for pretraining, their weights on disk, and Hugging Face interop (hf.py).
+"""BERT and ALBERT for pretraining and their weights on disk.
 
 Public API: build_model(model_config) → PreTrainingModel; model(input_ids, attention_mask,
-token_type_ids, labels=None, sentence_label=None) → PreTrainingOutput; save_weights / load_weights;
-initialize_from(model, path) for `model.init_from`.
+token_type_ids, labels=None, sentence_label=None) → PreTrainingOutput; save_weights / load_weights.
+Hugging Face export/import and `model.init_from` are in bertrain.model.hf, fill-mask in
+bertrain.model.fill_mask; neither is imported here, so loading the models does not load them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from safetensors.torch import load_file, save_file
+
 from bertrain.errors import ConfigError, DataError
 from bertrain.model.bert import BertPreTrainingModel, PreTrainingModel, PreTrainingOutput
 from bertrain.model.albert import AlbertPreTrainingModel
 
-__all__ = ["build_model", "save_weights", "load_weights", "initialize_from", "unwrap",
+__all__ = ["build_model", "save_weights", "load_weights", "unwrap",
            "PreTrainingModel", "PreTrainingOutput", "BertPreTrainingModel", "AlbertPreTrainingModel"]
 
 
@@ -49,17 +52,16 @@ def unwrap(model):
 
 
 def save_weights(model, path: str | Path) -> None:
-    """Write the model's state dict as safetensors (the tied decoder is the embedding: one tensor)."""
-    from safetensors.torch import save_file
+    """Write the model's state dict as safetensors (the tied decoder is the embedding: one tensor).
 
+    Identical weights give identical bytes: safetensors orders tensors by dtype and name, but writes
+    metadata in hash-map order, so the metadata holds a single key."""
     state = {name: tensor.detach().contiguous() for name, tensor in unwrap(model).state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt", "bertrain": "1"})
+    save_file(state, str(path), metadata={"format": "pt"})
 
 
 def load_weights(model, path: str | Path) -> None:
     """Load weights written by save_weights; any missing, unexpected or mis-shaped key is an error."""
-    from safetensors.torch import load_file
-
     model = unwrap(model)
     try:
         state = load_file(str(path))
@@ -78,10 +80,3 @@ def load_weights(model, path: str | Path) -> None:
                         "with a different model config?")
     model.load_state_dict(state)
 
-
-def initialize_from(model, path: str | Path) -> str:
-    """Load `model.init_from` into a freshly built model: a transformers BERT/ALBERT directory, a bertrain
-    checkpoint dir, a RUN_DIR (its latest checkpoint) or a model.safetensors file. Returns what was loaded."""
-    from bertrain.model.hf import initialize_from as _initialize_from
-
-    return _initialize_from(model, path)

@@ -1,5 +1,5 @@
 """Hugging Face interop: export to / import from transformers' BertForPreTraining / AlbertForPreTraining
-layout, `model.init_from`, and fill-mask inference on an exported dir or a checkpoint.
+layout, and `model.init_from`.
 
 Our weights differ from transformers' only in names and in the fused query/key/value matrix, which
 is split into three on export and concatenated on import. The tied decoder is left out of the
@@ -14,8 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
-from bertrain.errors import ConfigError, DataError, UsageError
+from bertrain import rundir
+from bertrain.config import ModelConfig, load_config
+from bertrain.errors import ConfigError, DataError
+from bertrain.model import build_model, load_weights, unwrap
+from bertrain.model.bert import embedding_size
+from bertrain.special_tokens import SPECIAL_TOKENS
 
 WEIGHTS = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
@@ -77,8 +84,6 @@ def name_map(config) -> list[tuple[str, tuple[str, ...]]]:
 
 def hf_config(model_config, pad_token_id: int = 0) -> dict[str, Any]:
     """config.json for transformers (BertConfig / AlbertConfig fields)."""
-    from bertrain.model.bert import embedding_size
-
     c = model_config
     albert = c.type == "albert"
     config: dict[str, Any] = {
@@ -128,8 +133,6 @@ _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_new", "gelu_py
 
 def model_config_from_hf(hf_dir: str | Path):
     """Our ModelConfig for a transformers BERT/ALBERT directory's config.json."""
-    from bertrain.config import ModelConfig
-
     path = Path(hf_dir) / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -160,8 +163,6 @@ def model_config_from_hf(hf_dir: str | Path):
 
 def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
     """Our weights under transformers' names (qkv split; tied decoder left out)."""
-    from bertrain.model import unwrap
-
     model = unwrap(model)
     ours = model.state_dict()
     state = {}
@@ -174,8 +175,6 @@ def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     """All tensors of a transformers directory: model.safetensors (also sharded) or pytorch_model.bin."""
-    from safetensors.torch import load_file
-
     try:
         if (hf_dir / WEIGHTS).is_file():
             return load_file(str(hf_dir / WEIGHTS))
@@ -215,8 +214,6 @@ def _normalize_hf_names(state: dict[str, torch.Tensor], config) -> dict[str, tor
 def load_hf_state_dict(model, state: dict[str, torch.Tensor], source: str = "the transformers weights") -> list[str]:
     """Copy transformers-named weights into our model. The encoder must be complete; missing heads
     (pooler, MLM, sentence) keep their fresh initialization and are returned by name."""
-    from bertrain.model import unwrap
-
     model = unwrap(model)
     state = _normalize_hf_names(state, model.config)
     ours = model.state_dict()
@@ -243,8 +240,6 @@ def load_hf_state_dict(model, state: dict[str, torch.Tensor], source: str = "the
 
 def import_hf(hf_dir: str | Path):
     """(model, model_config) from a local transformers BERT/ALBERT directory."""
-    from bertrain.model import build_model
-
     hf_dir = Path(hf_dir)
     config = model_config_from_hf(hf_dir)
     model = build_model(config)
@@ -254,86 +249,26 @@ def import_hf(hf_dir: str | Path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints, run dirs, tokenizers
+# Checkpoints and export
 # ----------------------------------------------------------------------------------------------
 
 
-def _latest_complete(run_dir: Path) -> Path | None:
-    candidates = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMPLETE").is_file())
-    return candidates[-1] if candidates else None
-
-
-def _checkpoint_problem(path: Path) -> str | None:
-    try:  # the trainer's own check (COMPLETE marker and checksums)
-        from bertrain.train.checkpoint import verify_checkpoint
-    except ImportError:
-        return None if (path / "COMPLETE").is_file() else "no COMPLETE marker (the save did not finish)"
-    return verify_checkpoint(path)
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint dir as given (verified), or a RUN_DIR's newest valid checkpoint."""
-    path = Path(path)
-    if not path.exists():
-        raise UsageError(f"{path} does not exist.")
-    if (path / "checkpoints").is_dir():
-        try:
-            from bertrain.train.checkpoint import find_latest_checkpoint
-        except ImportError:
-            find_latest_checkpoint = _latest_complete
-        checkpoint = find_latest_checkpoint(path)
-        if checkpoint is None:
-            raise DataError(f"{path}/checkpoints holds no complete checkpoint yet.")
-        return Path(checkpoint)
-    if (path / WEIGHTS).is_file() and (path / "config.yaml").is_file():
-        problem = _checkpoint_problem(path)
-        if problem:
-            raise DataError(f"Checkpoint {path} is not usable: {problem}. Use an older checkpoint, or the RUN_DIR "
-                            "(its newest valid checkpoint is chosen).")
-        return path
-    raise UsageError(f"{path} is neither a checkpoint dir (model.safetensors + config.yaml), a RUN_DIR "
-                     "(with checkpoints/) nor a transformers model dir (config.json).")
-
-
-def load_checkpoint(path: str | Path):
-    """(model, model_config, checkpoint dir) from a checkpoint dir or a RUN_DIR."""
-    from bertrain.config import load_config
-    from bertrain.model import build_model, load_weights
-
-    checkpoint = resolve_checkpoint(path)
-    config = load_config(checkpoint / "config.yaml").model
+def load_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = None):
+    """(model, model_config, checkpoint dir) from a checkpoint dir or a RUN_DIR (invalid newer checkpoints
+    are appended to `skipped`). Reads only config.yaml and model.safetensors: nothing is unpickled."""
+    checkpoint = rundir.resolve_checkpoint(path, skipped)
+    config = load_config(checkpoint / rundir.CONFIG).model
     model = build_model(config)
-    load_weights(model, checkpoint / WEIGHTS)
+    load_weights(model, checkpoint / rundir.WEIGHTS)
     model.eval()
     return model, config, checkpoint
-
-
-def find_tokenizer_dir(checkpoint: Path | None, tokenizer_dir: str | Path | None = None) -> Path | None:
-    """tokenizer_dir, else <checkpoint>/tokenizer, else RUN_DIR/tokenizer."""
-    if tokenizer_dir is not None:
-        path = Path(tokenizer_dir)
-        if path.is_file():
-            path = path.parent
-        if (path / "tokenizer" / "tokenizer.json").is_file():  # a DATA_DIR or RUN_DIR
-            path = path / "tokenizer"
-        if not (path / "tokenizer.json").is_file():
-            raise DataError(f"Tokenizer dir {path} has no tokenizer.json.")
-        return path
-    if checkpoint is None:
-        return None
-    for candidate in (checkpoint, checkpoint / "tokenizer", checkpoint.parent.parent / "tokenizer"):
-        if (candidate / "tokenizer.json").is_file():
-            return candidate
-    return None
 
 
 def _pad_token_id(tokenizer_dir: Path | None) -> int:
     if tokenizer_dir is None:
         return 0
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    for token in ("[PAD]", "<pad>"):
+    for token in (tokens["pad"] for tokens in SPECIAL_TOKENS.values()):
         if tokenizer.token_to_id(token) is not None:
             return tokenizer.token_to_id(token)
     return 0
@@ -341,21 +276,19 @@ def _pad_token_id(tokenizer_dir: Path | None) -> int:
 
 def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
     """Write a transformers directory (config.json, model.safetensors, tokenizer files) from a model,
-    a checkpoint dir or a RUN_DIR. Returns what was written."""
-    from safetensors.torch import save_file
-
-    from bertrain.model import unwrap
-
-    checkpoint = None
+    a checkpoint dir or a RUN_DIR. Returns what was written, the model, and the invalid checkpoints
+    skipped on the way to a RUN_DIR's newest valid one."""
+    checkpoint, skipped = None, []
     if isinstance(checkpoint_or_model, torch.nn.Module):
         model = unwrap(checkpoint_or_model)
     else:
-        model, _, checkpoint = load_checkpoint(checkpoint_or_model)
-    tokenizer = find_tokenizer_dir(checkpoint, tokenizer_dir)
+        model, _, checkpoint = load_checkpoint(checkpoint_or_model, skipped)
+    tokenizer = rundir.find_tokenizer_dir(checkpoint, tokenizer_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = hf_config(model.config, pad_token_id=_pad_token_id(tokenizer))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
     save_file(to_hf_state_dict(model), str(out / WEIGHTS), metadata={"format": "pt"})
     copied = []
     if tokenizer is not None and tokenizer.resolve() != out.resolve():
@@ -364,14 +297,13 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
                 shutil.copyfile(tokenizer / name, out / name)
                 copied.append(name)
     return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
-            "architecture": config["architectures"][0], "parameters": model.num_parameters()}
+            "architecture": config["architectures"][0], "parameters": model.num_parameters(), "model": model,
+            "skipped": skipped}
 
 
 def initialize_from(model, path: str | Path) -> str:
     """`model.init_from`: load a transformers BERT/ALBERT dir, a bertrain checkpoint dir, a RUN_DIR or a
     model.safetensors file into `model` (shapes must match its config). Returns a one-line description."""
-    from bertrain.model import load_weights, unwrap
-
     model = unwrap(model)
     path = Path(path)
     if not path.exists():
@@ -393,89 +325,6 @@ def initialize_from(model, path: str | Path) -> str:
                               "Set the model section to the checkpoint's shape.")
         fresh = load_hf_state_dict(model, read_hf_weights(path), source=f"The weights in {path}")
         return f"transformers weights from {path}" + (f" (freshly initialized: {', '.join(fresh)})" if fresh else "")
-    checkpoint = resolve_checkpoint(path)
-    load_weights(model, checkpoint / WEIGHTS)
+    checkpoint = rundir.resolve_checkpoint(path)
+    load_weights(model, checkpoint / rundir.WEIGHTS)
     return f"bertrain checkpoint {checkpoint}"
-
-
-# ----------------------------------------------------------------------------------------------
-# fill-mask
-# ----------------------------------------------------------------------------------------------
-
-
-def load_for_inference(model_dir: str | Path):
-    """(model in eval mode, tokenizer dir) from an exported transformers dir, a checkpoint dir or a RUN_DIR."""
-    model_dir = Path(model_dir)
-    if (model_dir / "config.json").is_file():
-        model, _ = import_hf(model_dir)
-        tokenizer = find_tokenizer_dir(model_dir)
-    else:
-        model, _, checkpoint = load_checkpoint(model_dir)
-        tokenizer = find_tokenizer_dir(checkpoint)
-    if tokenizer is None:
-        raise DataError(f"No tokenizer.json found for {model_dir} (looked in the dir, its tokenizer/ and "
-                        "RUN_DIR/tokenizer).")
-    return model, tokenizer
-
-
-def _tokenizer_setting(tokenizer_dir: Path, key: str, default: Any) -> Any:
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        path = tokenizer_dir / name
-        if path.is_file():
-            value = json.loads(path.read_text(encoding="utf-8")).get(key)
-            if value is not None:
-                return value["content"] if isinstance(value, dict) else value
-    return default
-
-
-def _clean_up(text: str) -> str:
-    # transformers' clean_up_tokenization, applied when the tokenizer config asks for it.
-    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
-        text = text.replace(before, after)
-    return text
-
-
-@torch.no_grad()
-def fill_mask(model, tokenizer_dir: str | Path, text: str, top_k: int = 5) -> list:
-    """Top-k predictions for the mask token(s) in `text`, as transformers' fill-mask pipeline returns
-    them: [{score, token, token_str, sequence}] (a list of such lists for several masks)."""
-    from tokenizers import Tokenizer
-
-    tokenizer_dir = Path(tokenizer_dir)
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    mask_token = _tokenizer_setting(tokenizer_dir, "mask_token", "[MASK]")
-    pad_token = _tokenizer_setting(tokenizer_dir, "pad_token", None)
-    clean = bool(_tokenizer_setting(tokenizer_dir, "clean_up_tokenization_spaces", False))
-    mask_id = tokenizer.token_to_id(mask_token)
-    if mask_id is None:
-        raise DataError(f"The tokenizer in {tokenizer_dir} has no mask token {mask_token!r}.")
-    pad_id = tokenizer.token_to_id(pad_token) if pad_token else None
-    encoding = tokenizer.encode(text)
-    ids = torch.tensor([encoding.ids])
-    masked = (ids[0] == mask_id).nonzero().squeeze(-1)
-    if masked.numel() == 0:
-        raise UsageError(f"No {mask_token} in the text: write the word to predict as {mask_token}.")
-    if ids.shape[1] > model.config.max_position_embeddings:
-        raise UsageError(f"The text is {ids.shape[1]} tokens long; the model takes at most "
-                         f"{model.config.max_position_embeddings}.")
-    model.eval()
-    output = model(ids, torch.tensor([encoding.attention_mask]), torch.tensor([encoding.type_ids]))
-    probs = output.mlm_logits[0, masked].float().softmax(dim=-1)  # [masks, V]
-    values, predictions = probs.topk(min(top_k, probs.shape[-1]))
-    single = masked.numel() == 1
-    results = []
-    for i, (row_values, row_predictions) in enumerate(zip(values.tolist(), predictions.tolist())):
-        row = []
-        for score, token in zip(row_values, row_predictions):
-            filled = ids[0].clone()
-            filled[masked[i]] = token
-            if pad_id is not None:
-                filled = filled[filled != pad_id]
-            sequence = tokenizer.decode(filled.tolist(), skip_special_tokens=single)
-            token_str = tokenizer.decode([token], skip_special_tokens=False)
-            if clean:
-                sequence, token_str = _clean_up(sequence), _clean_up(token_str)
-            row.append({"score": score, "token": token, "token_str": token_str, "sequence": sequence})
-        results.append(row)
-    return results[0] if single else results

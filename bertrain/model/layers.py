@@ -127,24 +127,14 @@ def run_layer(layer: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, chec
     return layer(x, mask, rows)
 
 
-def needed_rows(predicted: torch.Tensor) -> torch.Tensor:
-    """[B, K] positions whose final hidden state the losses use: [CLS] (position 0, first) and the
-    predicted ones, ascending; shorter rows are padded with unneeded positions (computed, unused).
-
-    Only these rows go through the last layer's query, output and feed-forward: at 15% masking that
-    saves ~70% of the last layer (keys and values still cover every position)."""
-    needed = predicted.clone()
-    needed[:, 0] = True
-    K = int(needed.sum(1).max())
-    # A stable descending sort puts each row's needed positions first, in ascending order.
-    return torch.sort(needed.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :K]
-
-
-def attention_bias(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """[B, T] 1/0 padding mask → [B, 1, 1, T] boolean SDPA mask (None when nothing is padded)."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None  # SDPA is faster without a mask
-    return attention_mask.bool()[:, None, None, :]
+def attention_bias(attention_mask: torch.Tensor | None, padded: bool | None = None) -> torch.Tensor | None:
+    """[B, T] 1/0 padding mask → [B, 1, 1, T] boolean SDPA mask (None when nothing is padded). `padded`:
+    whether any position is padding, when the caller knows (else the mask is read back: a device sync)."""
+    if attention_mask is None:
+        return None
+    if padded is None:
+        padded = not bool(attention_mask.all())
+    return attention_mask.bool()[:, None, None, :] if padded else None  # SDPA is faster without a mask
 
 
 class HeadBuffers:

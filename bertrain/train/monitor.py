@@ -19,28 +19,87 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bertrain.config import Config, LoggingConfig, to_dict
-from bertrain.data.format import write_atomic
+from bertrain.console import make_console
+from bertrain.errors import DataError
+from bertrain.files import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
+_warned: set[str] = set()
+EVAL_LINE_SECONDS = 30.0  # off a terminal, a long evaluation says where it is this often
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every record of RUN_DIR/metrics.jsonl (train and eval)."""
-    path = Path(run_dir) / METRICS_FILE
+    """Every record of RUN_DIR/metrics.jsonl (train and eval). A torn last line (a full disk or a kill during
+    an append) is skipped with one warning; a bad line before the last is a DataError naming it."""
+    return _read_records(Path(run_dir) / METRICS_FILE)[0]
+
+
+def _read_records(path: Path) -> tuple[list[dict], bool]:
+    """(records, whether the file needs a rewrite: a torn last line or no final newline)."""
     if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [], False
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: list[dict] = []
+    for index, line in enumerate(lines[:last + 1]):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            record, reason = None, error.msg
+        else:
+            reason = "not a JSON object"
+        if isinstance(record, dict):
+            records.append(record)
+        elif index == last:
+            _warn_once(path, f"{path} ends in a torn line ({len(line)} characters: a full disk or a kill during "
+                             f"an append); it is skipped (a resumed run removes it from the file).")
+            return records, True
+        else:
+            raise DataError(f"{path}, line {index + 1}: not a metrics record ({reason}). The file only holds "
+                            f"logged metrics: delete that line (or the file) and run again.")
+    return records, bool(text) and not text.endswith("\n")
+
+
+def _warn_once(path: Path, text: str) -> None:
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        make_console(stderr=True).print(f"[yellow]Warning:[/] {text}", highlight=False)
 
 
 def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
-    """Drop records after `last_step` (written after the checkpoint we resume from). Returns how many."""
+    """Drop records after `last_step` (written after the checkpoint we resume from), and a torn last line.
+    Returns how many records were dropped."""
     path = Path(run_dir) / METRICS_FILE
-    records = read_metrics(run_dir)
+    records, needs_rewrite = _read_records(path)
     kept = [r for r in records if r.get("step", 0) <= last_step]
-    if len(kept) != len(records):
+    if len(kept) != len(records) or needs_rewrite:
         text = "".join(json.dumps(r) + "\n" for r in kept)
         write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return len(records) - len(kept)
+
+
+def human_bytes(n: float) -> str:
+    """1536 → '1.5 KB'."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def human_seconds(seconds: float) -> str:
+    """3725 → '1h02m', 65 → '1m05s', 200000 → '2.3 days', 1e8 → '3.2 years'."""
+    if seconds >= 365.25 * 86400:
+        return f"{seconds / (365.25 * 86400):,.1f} years"
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 def _short(value: Any) -> str:
@@ -57,35 +116,68 @@ class NullMonitor:
     def start(self, *args: Any, **kwargs: Any) -> None: ...
     def log(self, *args: Any, **kwargs: Any) -> None: ...
     def advance(self, *args: Any, **kwargs: Any) -> None: ...
+    def eval_progress(self, *args: Any, **kwargs: Any) -> None: ...
     def message(self, *args: Any, **kwargs: Any) -> None: ...
     def warn(self, *args: Any, **kwargs: Any) -> None: ...
     def close(self, *args: Any, **kwargs: Any) -> None: ...
 
 
 class Monitor(NullMonitor):
-    """Rank 0's progress line, metrics file and wandb run."""
+    """Rank 0's progress (a live bar on a terminal; otherwise one line per logged step, with step N / total
+    and an ETA), metrics file and wandb run."""
 
     def __init__(self, run_dir: Path, config: Config, console: Console) -> None:
         self.run_dir, self.config, self.console = Path(run_dir), config, console
         self.metrics_path = self.run_dir / METRICS_FILE
         self.progress: Progress | None = None
-        self.task = None
+        self.task = self.eval_task = None
         self.wandb_run = None
         self.live = console.is_terminal
+        self.total_steps, self.clock = 0, (time.monotonic(), 0)
+        self.eval_clock = (time.monotonic(), time.monotonic())  # (evaluation start, last line printed)
 
     def start(self, start_step: int, total_steps: int) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.total_steps, self.clock = total_steps, (time.monotonic(), start_step)
         self.wandb_run = init_wandb(self.config.logging, self.run_dir, to_dict(self.config), self.warn)
         if self.live:
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[metrics]}"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False)
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                console=self.console, transient=False)
             self.progress.start()
             self.task = self.progress.add_task("train", total=total_steps, completed=start_step, metrics="")
 
     def advance(self, step: int) -> None:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
+
+    def eta(self, step: int) -> str:
+        """Time left to total_steps at this session's mean step rate so far (evaluation and saves included)."""
+        began, first_step = self.clock
+        done = step - first_step
+        if done <= 0:
+            return "unknown"
+        return human_seconds(max(self.total_steps - step, 0) * (time.monotonic() - began) / done)
+
+    def eval_progress(self, done: int, total: int) -> None:
+        """Validation micro-batch `done` of `total`: a transient bar on a terminal, else a line every
+        EVAL_LINE_SECONDS (an evaluation shorter than that prints none)."""
+        now = time.monotonic()
+        if done == 0:
+            self.eval_clock = (now, now)
+        if self.progress is not None:
+            if done == 0:
+                self.eval_task = self.progress.add_task("eval", total=total, metrics="")
+            self.progress.update(self.eval_task, completed=done)
+            if done >= total:
+                self.progress.remove_task(self.eval_task)
+            return
+        began, last = self.eval_clock
+        if 0 < done < total and now - last >= EVAL_LINE_SECONDS:
+            self.eval_clock = (began, now)
+            left = (total - done) * (now - began) / done
+            self.console.print(f"eval batch {done} / {total}, ETA {human_seconds(left)}", highlight=False)
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record (train or eval) to metrics.jsonl, wandb and the progress line."""
@@ -99,13 +191,19 @@ class Monitor(NullMonitor):
                                step=record["step"])
         keys = ("loss", "mlm_accuracy", "lr", "tokens_per_s") if kind == "train" else (
             "mlm_loss", "mlm_accuracy", "sentence_accuracy")
-        text = " ".join(f"{k}={_short(record[k])}" for k in keys if record.get(k) is not None)
+        text = " ".join(f"{k}={record[k]:.0f}" if k == "tokens_per_s" else f"{k}={_short(record[k])}"
+                        for k in keys if record.get(k) is not None)
         if self.progress is not None and kind == "train":
             self.progress.update(self.task, metrics=text)
         elif self.progress is not None:
             self.progress.console.print(f"eval step {record['step']}: {text}", highlight=False)
-        else:  # not a terminal (job logs): one line per record
-            self.console.print(f"{kind} step {record['step']}: {text}", highlight=False)
+        elif kind == "train":  # not a terminal (job logs): one line per record, where the run is and when it ends
+            step = record["step"]
+            share = f" ({100 * step / self.total_steps:.1f}%)" if self.total_steps else ""
+            self.console.print(f"train step {step} / {self.total_steps}{share}: {text} ETA {self.eta(step)}",
+                               highlight=False)
+        else:
+            self.console.print(f"eval step {record['step']}: {text}", highlight=False)
 
     def message(self, text: str) -> None:
         (self.progress.console if self.progress is not None else self.console).print(text, highlight=False)

@@ -8,6 +8,7 @@ import torch
 
 from bertrain.config import OptimConfig
 from bertrain.errors import ConfigError
+from bertrain.train.lamb import Lamb
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -32,52 +33,6 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         {"params": list(decay.values()), "names": list(decay), "weight_decay": weight_decay},
         {"params": list(no_decay.values()), "names": list(no_decay), "weight_decay": 0.0},
     ]
-
-
-class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al., 2019): Adam's update rescaled per tensor by ||w|| / ||update|| (trust ratio).
-
-    update = m̂ / (sqrt(v̂) + eps) + weight_decay * w;  w -= lr * trust_ratio * update,
-    trust_ratio = ||w|| / ||update|| when both norms are positive, else 1.
-    """
-
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0) -> None:
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad.float()
-                state = self.state[param]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
-                state["step"] += 1
-                step = state["step"].item()
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                m_hat = exp_avg / (1 - beta1 ** step)
-                v_hat = exp_avg_sq / (1 - beta2 ** step)
-                update = m_hat / (v_hat.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(param.float(), alpha=group["weight_decay"])
-                weight_norm = param.float().norm()
-                update_norm = update.norm()
-                trust_ratio = torch.where((weight_norm > 0) & (update_norm > 0),
-                                          weight_norm / update_norm, torch.ones_like(weight_norm))
-                param.add_((update * trust_ratio).to(param.dtype), alpha=-group["lr"])
-        return loss
 
 
 def fused_supported(device: torch.device) -> bool:
@@ -136,3 +91,24 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total
     """A LambdaLR stepped once per optimizer step (lr of step s+1 is peak * multiplier(s))."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, LRSchedule(config.schedule, warmup_steps_for(config, total_steps), total_steps))
+
+
+def apply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                   config: OptimConfig, step: int, total_steps: int | None = None
+                   ) -> torch.optim.lr_scheduler.LambdaLR:
+    """After `--force`: the loaded optimizer follows `config` (lr, betas, eps, weight decay) and a new
+    schedule of `config.schedule` continues at `step`; returns that scheduler, to use instead.
+
+    total_steps: the new schedule length (its warmup derived from `config`), or None to keep the
+    loaded schedule's length and warmup.
+    """
+    loaded = scheduler.lr_lambdas[0]
+    if total_steps is None:
+        schedule = LRSchedule(config.schedule, loaded.warmup_steps, loaded.total_steps)
+    else:
+        schedule = LRSchedule(config.schedule, warmup_steps_for(config, total_steps), total_steps)
+    betas = (float(config.betas[0]), float(config.betas[1]))
+    for group, decay in zip(optimizer.param_groups, (config.weight_decay, 0.0)):
+        group.update(weight_decay=decay, eps=config.eps, betas=betas, initial_lr=config.lr)
+    # last_epoch = step - 1: the scheduler's first step (in its constructor) sets the lr of `step`.
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)

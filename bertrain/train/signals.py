@@ -6,23 +6,51 @@ exits at once with 128 + signal number, leaving the previous checkpoint as the r
 Signals within DUPLICATE_WINDOW seconds of the first count as the same request: SLURM delivers a
 job-step signal to every process of the step, and the launcher (torchrun / accelerate launch)
 forwards its own copy too.
+
+From process start to the loop (issue 15.8): `bertrain.cli.main` installs these handlers before it
+imports anything heavy, so a signal during `import torch`, setup or the first step is recorded and the
+run stops after its first step with a checkpoint: exit 75 always means "a checkpoint exists, run the same
+command to resume". A signal that arrives before the interpreter reaches bertrain's code (Python's own
+start-up, 0.1-0.8 s on a loaded machine) gets the default action: exit 143 (SIGTERM), nothing written,
+and the same command starts the run.
+
+A dry run (`pretrain --dry-run`) trains and writes nothing, so there the first SIGINT, SIGTERM or SIGUSR1
+ends it at once (`stop_at_once`): exit 130, 143 or 138 (128 + signal number), with the figures already
+printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import time
+from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+AT_ONCE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 DUPLICATE_WINDOW = 3.0
 
 _received: list[int] = []
 _first_time: list[float] = []
 _installed = False
+_at_once: list[str] = []  # non-empty: what is running (e.g. "pretrain --dry-run"), ended by the first signal
+
+
+def _exit_now(signum: int) -> None:
+    """Flush what was printed, say why, and exit with 128 + signum (no cleanup: nothing to save)."""
+    with contextlib.suppress(Exception):  # a flush interrupted mid-write may refuse a reentrant call
+        sys.stdout.flush()
+    name = signal.Signals(signum).name
+    with contextlib.suppress(OSError):
+        os.write(2, f"\n{_at_once[-1]} stopped by {name}; exit code {128 + signum}.\n".encode())
+    os._exit(128 + signum)
 
 
 def _handle(signum: int, frame: object) -> None:
+    if _at_once:
+        _exit_now(signum)
     now = time.monotonic()
     if _received and now - _first_time[0] > DUPLICATE_WINDOW:
         os._exit(128 + signum)
@@ -32,13 +60,37 @@ def _handle(signum: int, frame: object) -> None:
 
 
 def install_handlers() -> None:
-    """Record SIGTERM/SIGUSR1 instead of dying; the training loop polls `stop_requested`."""
+    """Record SIGTERM/SIGUSR1 instead of dying; the training loop polls `stop_requested`. Under
+    `pretrain --dry-run` (seen in sys.argv: this runs before the command line is parsed) the first signal
+    ends the process at once instead."""
     global _installed
     if _installed:
         return
+    if "--dry-run" in sys.argv[1:] and not _at_once:
+        _at_once.append("pretrain --dry-run")
+        signal.signal(signal.SIGINT, _handle)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handle)
     _installed = True
+
+
+@contextlib.contextmanager
+def stop_at_once(what: str) -> Iterator[None]:
+    """Within the block, the first SIGINT/SIGTERM/SIGUSR1 ends the process at once with 128 + signal number
+    (and a stop already recorded ends it on entry). For work that writes nothing, such as a dry run."""
+    previous = {sig: signal.getsignal(sig) for sig in AT_ONCE_SIGNALS}
+    _at_once.append(what)
+    try:
+        for sig in AT_ONCE_SIGNALS:
+            signal.signal(sig, _handle)
+        if _received:
+            _exit_now(_received[0])
+        yield
+    finally:
+        _at_once.pop()
+        for sig, handler in previous.items():  # install_handlers() may have run inside: keep its handlers
+            keep = _installed and sig in STOP_SIGNALS
+            signal.signal(sig, _handle if keep else handler if handler is not None else signal.SIG_DFL)
 
 
 def stop_requested() -> bool:

@@ -1,0 +1,142 @@
+"""One training step (forward, backward, fused AdamW) of bertrain against transformers' BertForPreTraining /
+AlbertForPreTraining (attn_implementation="sdpa") on a GPU: BERT-base/-large and ALBERT-base/-large at
+seq 128 and 512, bf16 autocast, same weights (copied with bertrain.model.hf), same batch and masking
+(15% of positions), runs alternated with a large bf16 GEMM that measures the device's peak in the same
+run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM head at masked positions
+only) against that peak. Not part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
+
+    python benchmarks/gpu_step.py                                   # cuda, all shapes, seq 128 and 512
+    python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --rounds 10
+    python benchmarks/gpu_step.py --device cpu --shapes tiny --seqs 64 --batch 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from model_step import make_batch, reference_model, useful_flops
+
+from bertrain.config import load_config
+from bertrain.model import build_model
+
+SHAPES = {  # name: (shipped config, vocab size, {seq: batch on an 80 GB GPU})
+    "bert-base": ("bert_base", 30522, {128: 256, 512: 32}),
+    "bert-large": ("bert_large", 30522, {128: 128, 512: 16}),
+    "albert-base": ("albert_base", 30000, {128: 256, 512: 32}),
+    "albert-large": ("albert_large", 30000, {128: 128, 512: 16}),
+    "tiny": ("tiny_bert", 1000, {32: 4, 64: 4, 128: 4}),  # for `--device cpu` (the test)
+}
+
+
+def model_config(shape: str, seq: int):
+    config_name, vocab, _ = SHAPES[shape]
+    positions = max(seq, 128)
+    return load_config(config_name, [f"model.vocab_size={vocab}",
+                                     f"model.max_position_embeddings={positions}"]).model
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device):
+    """A closure running one training step of `model` on `batch` (autocast to `dtype` when given)."""
+    fused = device.type in ("cuda", "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
+    args = dict(batch)
+    if reference:
+        args[("sentence_order_label" if kind == "albert" else "next_sentence_label")] = args.pop("sentence_label")
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(**args).loss
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def gemm_fn(dtype: torch.dtype, n: int, device: torch.device):
+    """A square n x n GEMM and its FLOPs (the device's peak for `dtype`, timed among the steps)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return (lambda: a @ b), 2 * n ** 3
+
+
+def time_alternating(functions: dict, rounds: int, repeats: int, device: torch.device) -> dict:
+    """Median seconds per call of each function, runs alternated (order reversed every round)."""
+    for fn in functions.values():  # warm up: kernels picked, allocator filled
+        fn()
+    synchronize(device)
+    times: dict = {name: [] for name in functions}
+    order = list(functions.items())
+    for r in range(rounds):
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            synchronize(device)
+            times[name].append((time.perf_counter() - start) / repeats)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def measure(shape: str, seq: int, batch_size: int, args, device: torch.device) -> dict:
+    """Seconds per step of ours and transformers', and the GEMM peak, for one shape and length."""
+    config = model_config(shape, seq)
+    torch.manual_seed(0)
+    ours = build_model(config).train()
+    theirs = reference_model(ours, config).to(device).train()  # weights copied while both are on the CPU
+    ours.to(device)
+    batch = {k: v.to(device) for k, v in make_batch(config, batch_size, torch.Generator().manual_seed(0), seq).items()}
+    dtype = None if args.dtype == "fp32" else torch.bfloat16
+    gemm, gemm_flops = gemm_fn(dtype or torch.float32, args.gemm_size, device)
+    medians = time_alternating({"ours": step_fn(ours, batch, False, config.type, dtype, device),
+                                "hf": step_fn(theirs, batch, True, config.type, dtype, device), "gemm": gemm},
+                               args.rounds, args.repeats, device)
+    peak = gemm_flops / medians["gemm"]
+    flops = useful_flops(config, batch_size, int((batch["labels"] != -100).sum()), seq)
+    return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shapes", default="bert-base,bert-large,albert-base,albert-large")
+    parser.add_argument("--seqs", default="128,512")
+    parser.add_argument("--batch", type=int, default=None, help="Sequences per step (default: per shape and seq).")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="Default: bf16 on cuda, fp32 on cpu.")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="Steps per timed run.")
+    parser.add_argument("--gemm-size", type=int, default=None, help="Peak GEMM size (default 8192 cuda, 1024 cpu).")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    args.gemm_size = args.gemm_size or (8192 if device.type == "cuda" else 1024)
+
+    import transformers  # heavy and only needed here
+
+    transformers.logging.set_verbosity_error()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    print(f"{name}: torch {torch.__version__}, transformers {transformers.__version__}, {args.dtype}, fused AdamW, "
+          f"medians of {args.rounds} alternated rounds of {args.repeats} steps")
+    print(f"{'shape':<13} {'seq':>4} {'batch':>5} {'ours seq/s':>11} {'hf seq/s':>10} {'speed-up':>8} "
+          f"{'ours MFU':>8} {'hf MFU':>7} {'peak TF/s':>9}")
+    for shape in args.shapes.split(","):
+        for seq in (int(s) for s in args.seqs.split(",")):
+            batch_size = args.batch or SHAPES[shape][2].get(seq, 8)
+            r = measure(shape, seq, batch_size, args, device)
+            print(f"{shape:<13} {seq:>4} {batch_size:>5} {batch_size / r['ours']:>11.1f} {batch_size / r['hf']:>10.1f} "
+                  f"{r['hf'] / r['ours']:>7.2f}x {100 * r['flops'] / r['ours'] / r['peak']:>7.3g}% "
+                  f"{100 * r['flops'] / r['hf'] / r['peak']:>6.3g}% {r['peak'] / 1e12:>9.3g}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

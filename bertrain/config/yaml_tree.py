@@ -1,0 +1,359 @@
+"""A typed-YAML engine: strict reading, coercion to annotated dataclass trees, `--set` overrides.
+
+General over any dataclass tree (it knows no config keys); errors name the key, the value and what to do,
+with the nearest valid key suggested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bertrain.errors import ConfigError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(
+                f"{loader.name}: duplicate key '{key}' at line {key_node.start_mark.line + 1} "
+                f"(first at line {seen[key]}). Remove one of them.")
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping with duplicate keys refused; errors name the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"Cannot read config file {path}: {error.strerror}.") from None
+    loader = _StrictLoader(text)
+    loader.name = str(path)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (data:, model:, ...), not a {type(data).__name__}.")
+    return data
+
+
+def type_name(tp: Any) -> str:
+    """How an annotation reads in messages and docs: `int | null`, `'token' | 'ngram'`, `list[float]`."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return f"list[{type_name(inner)}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+class _Mismatch(Exception):
+    """A value that does not fit a scalar type; `_coerce` turns it into a ConfigError naming the key."""
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "on", "false", "no", "off"):
+        return value.lower() in ("true", "yes", "on")
+    raise _Mismatch
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise _Mismatch
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            raise _Mismatch from None
+        if number.is_integer():
+            return int(number)
+    raise _Mismatch
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise _Mismatch
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string
+        try:
+            return float(value.replace("_", ""))
+        except ValueError:
+            raise _Mismatch from None
+    raise _Mismatch
+
+
+def _to_str(value: Any) -> str:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise _Mismatch
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str, Any: lambda value: value}
+
+
+def _coerce_literal(value: Any, choices: tuple, key: str) -> Any:
+    if isinstance(value, bool):  # YAML 1.1 reads `no`/`off` as False: map back to the spelled choice
+        spelled = [c for c in (("no", "off", "false") if not value else ("yes", "on", "true")) if c in choices]
+        if spelled:
+            return spelled[0]
+    if value in choices and not isinstance(value, bool):
+        return value
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"Config key '{key}': {value!r} is not one of {', '.join(map(repr, choices))}.{hint}")
+
+
+def _coerce_union(value: Any, args: tuple, key: str) -> Any:
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, key)
+        except ConfigError:
+            pass
+    raise _Mismatch
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML value to the annotated type or raise a ConfigError naming key, value, type."""
+    origin = typing.get_origin(tp)
+    try:
+        if origin in (typing.Union, types.UnionType):
+            return _coerce_union(value, typing.get_args(tp), key)
+        if origin is Literal:
+            return _coerce_literal(value, typing.get_args(tp), key)
+        if origin is list:
+            (inner,) = typing.get_args(tp)
+            if isinstance(value, tuple):
+                value = list(value)
+            if not isinstance(value, list):
+                raise _Mismatch
+            return [_coerce(item, inner, f"{key}[{i}]") for i, item in enumerate(value)]
+        if dataclasses.is_dataclass(tp):
+            if isinstance(value, tp):
+                return value
+            if not isinstance(value, dict):
+                raise ConfigError(f"Config key '{key}' must be a mapping of {tp.__name__} keys, not {value!r}.")
+            return _build(tp, value, key)
+        if tp in _SCALARS:
+            return _SCALARS[tp](value)
+        raise _Mismatch
+    except _Mismatch:
+        raise ConfigError(f"Config key '{key}': {value!r} is not a valid {type_name(tp)}.") from None
+
+
+class _UnknownKey(Exception):
+    """An unknown key met while building a nested section; the root call words it with every key in view."""
+
+    def __init__(self, dotted: str, name: str, cls: type, prefix: str) -> None:
+        super().__init__(dotted)
+        self.dotted, self.name, self.cls, self.prefix = dotted, name, cls, prefix
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _leaf_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, dataclasses.Field]]:
+    """(dotted key, field) of every value (non-section) key under `cls`."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _leaf_keys(hints[f.name], _join(prefix, f.name))
+        else:
+            yield _join(prefix, f.name), f
+
+
+def nearest_key(name: str, cls: type, prefix: str = "", root: type | None = None) -> str | None:
+    """The valid dotted key a user most likely meant by `name` inside section `cls` (at `prefix`), or None.
+
+    In order: a documented alias (field metadata `aliases`, e.g. `learning_rate` for `lr`), the same key or
+    alias in another section of `root` (`train.warmup_steps` → `optim.warmup_steps`), a close spelling,
+    the key's initials (`learning_rate` → `lr`), a close spelling in another section.
+    """
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    for f in fields:
+        if name in f.metadata.get("aliases", ()):
+            return _join(prefix, f.name)
+    elsewhere = list(_leaf_keys(root)) if root is not None else []
+    for dotted, f in elsewhere:
+        if name == f.name or name in f.metadata.get("aliases", ()):
+            return dotted
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    if close:
+        return _join(prefix, close[0])
+    initials = "".join(word[0] for word in name.split("_") if word)
+    if len(initials) > 1 and initials in names:
+        return _join(prefix, initials)
+    close = difflib.get_close_matches(name, [f.name for _, f in elsewhere], n=1, cutoff=0.75)
+    if close:
+        return next(dotted for dotted, f in elsewhere if f.name == close[0])
+    return None
+
+
+def _unknown_key_hint(name: str, cls: type, prefix: str, root: type | None) -> str:
+    """' Did you mean 'optim.lr'?' with the nearest valid key, else the list of valid keys."""
+    suggestion = nearest_key(name, cls, prefix, root)
+    if suggestion is not None:
+        return f" Did you mean '{suggestion}'?"
+    return f" Valid keys here: {', '.join(_join(prefix, f.name) for f in dataclasses.fields(cls))}."
+
+
+def build_dataclass(cls: type, values: dict, prefix: str = "") -> Any:
+    """Build `cls` from a mapping, refusing unknown keys (with the nearest valid one) and wrong types."""
+    if prefix:
+        return _build(cls, values, prefix)
+    try:
+        return _build(cls, values, prefix)
+    except _UnknownKey as unknown:  # worded here, where every section is in view for the suggestion
+        hint = _unknown_key_hint(unknown.name, unknown.cls, unknown.prefix, cls)
+        raise ConfigError(f"Unknown config key '{unknown.dotted}'.{hint}") from None
+
+
+def _build(cls: type, values: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        dotted = _join(prefix, str(key))
+        if key not in names:
+            raise _UnknownKey(dotted, str(key), cls, prefix)
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def set_dotted(tree: dict, dotted: str, value: Any, root_cls: type) -> None:
+    """Apply one `section.key=value` override to a raw mapping, validating the path against `root_cls`."""
+    parts = dotted.split(".")
+    cls, node = root_cls, tree
+    for depth, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(cls)]
+        path = ".".join(parts[: depth + 1])
+        if part not in names:
+            hint = _unknown_key_hint(part, cls, ".".join(parts[:depth]), root_cls)
+            raise ConfigError(f"Unknown config key '{path}' (in --set {dotted}=...).{hint}")
+        if depth == len(parts) - 1:
+            node[part] = value
+            return
+        sub = typing.get_type_hints(cls)[part]
+        if not dataclasses.is_dataclass(sub):
+            raise ConfigError(f"--set {dotted}: '{path}' is a value, not a section.")
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: '{path}' is not a mapping in the config file.")
+        cls = sub
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split `a.b=value`; the value is read as YAML (so `null`, `3e-4`, `[0.9, 0.98]` work)."""
+    if "=" not in text:
+        raise ConfigError(f"Override '{text}' must look like section.key=value (e.g. optim.lr=3e-4).")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def shipped_dir(kind: str) -> list[Path]:
+    """Directories holding the shipped `configs` or `data_recipes` (package data; the top-level
+    `configs/` and `data_recipes/` of a checkout are symlinks to them)."""
+    directory = Path(__file__).resolve().parents[1] / kind
+    return [directory] if directory.is_dir() else []
+
+
+def shipped_files(kind: str) -> list[Path]:
+    """The shipped `configs` or `data_recipes` YAML files, sorted by name."""
+    return sorted(p for directory in shipped_dir(kind) for p in directory.glob("*.yaml"))
+
+
+def describe_yaml(path: Path) -> str:
+    """A YAML file's one-line description: the first sentence of its opening comment ('' without one)."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.removeprefix("#")
+        if not line.startswith("#") or not text.strip() or text.startswith("   "):
+            break  # the opening comment ends at code, an empty comment line or an indented command
+        lines.append(text.strip())
+    paragraph = " ".join(lines)
+    first = re.split(r"(?<=[.!?])\s+(?=[A-Z`])", paragraph, maxsplit=1)[0].rstrip(":;, ")
+    return first if not first or first.endswith((".", "!", "?")) else first + "."
+
+
+def resolve_config_path(name: str | Path, kind: str = "configs") -> Path:
+    """A path as given if it exists, else the shipped file of that name (`albert_base`, `albert_base.yaml`)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    stem = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
+    for directory in shipped_dir(kind):
+        candidate = directory / stem
+        if candidate.is_file():
+            return candidate
+    available = sorted({p.stem for d in shipped_dir(kind) for p in d.glob("*.yaml")})
+    close = difflib.get_close_matches(path.stem, available, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(
+        f"Config file '{name}' does not exist, and no shipped {kind} file has that name.{hint} "
+        f"Shipped: {', '.join(available) or 'none'}.")
+
+
+def read_tree(cls: type, path: str | Path | None, overrides: typing.Iterable[str] = (), kind: str = "configs") -> Any:
+    """A YAML file (or nothing) plus `section.key=value` overrides built into the dataclass tree `cls`
+    (types checked; cross-field checks are `bertrain.config.validate`'s)."""
+    tree: dict = {}
+    if path is not None:
+        tree = read_yaml(resolve_config_path(path, kind))
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(tree, key, value, cls)
+    return build_dataclass(cls, tree)
+
+
+def to_dict(config: Any) -> dict:
+    """The config tree as plain data (for YAML dumps and checkpoints)."""
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Any) -> str:
+    """The resolved config as YAML that loads back to the same tree."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True)

@@ -1,0 +1,258 @@
+"""`bertrain prepare`: raw corpora -> tokenizer + tokenized, memory-mapped DATA_DIR.
+
+Stages, each skipped when its output exists and was made from the same inputs and settings
+(compared by a key hashed from source file sizes/mtimes and every setting that changes output):
+
+  1. documents  read sources, clean, split sentences, drop empties and duplicates, split train /
+                validation by document hash, deal documents to size-balanced shards
+                -> DATA_DIR/work/documents/{train,validation}/shard-NNNNN.txt (BERT format)
+  2. tokenizer  train on a seeded sample of the train documents (or copy --tokenizer PATH)
+                -> DATA_DIR/tokenizer/
+  3. shards     tokenize each shard in parallel workers -> DATA_DIR/{split}/shard-NNNNN.*.npy
+                (written under temporary names and renamed, so a shard on disk is always whole)
+  4. manifest   when every shard is done -> DATA_DIR/manifest.json; the intermediate text is removed
+
+A job array runs `--shard-index i --num-shards n`: stages 1-2 run once under a file lock, each job
+tokenizes its shard, and whichever job finishes last (or a final run without --shard-index)
+writes the manifest. This module runs the stages; each stage has its own module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+
+from bertrain.config import PrepareConfig, Recipe, TokenizerConfig
+from bertrain.data.format import SPLITS, open_prepared
+from bertrain.data.prepare.documents import DOCUMENT_SKIPS, build_documents, resolve_inputs
+from bertrain.data.prepare.manifest import build_manifest
+from bertrain.data.prepare.pool import Workers
+from bertrain.data.prepare.report import report
+from bertrain.data.prepare.shards import build_shards, pending_shards
+from bertrain.data.prepare.tokenizer_stage import build_tokenizer
+from bertrain.data.prepare.workdir import (STAGE_VERSION, WORK, check_out_dir, clear, documents_settings, locked,
+                                           read_json, settings_hash, shard_name, tokenizer_settings, write_json)
+from bertrain.data.tokenizer import load_tokenizer, tokenizer_facts, tokenizer_file
+from bertrain.errors import DataError, UsageError
+from bertrain.files import file_sha256
+from bertrain.special_tokens import SPECIAL_IDS
+
+__all__ = ["DOCUMENT_SKIPS", "prepare_corpus"]
+
+
+@dataclass
+class _Plan:
+    """What one prepare run works from: its settings, inputs, and the keys its outputs are checked against."""
+
+    out: Path
+    config: PrepareConfig
+    tokenizer_config: TokenizerConfig
+    inputs: list[tuple[Any, list]]
+    sources: list[dict]
+    documents_key: str            # stage 1's key: sources and prepare settings
+    key: str                      # stages 2-4's key: stage 1's and the tokenizer's
+    settings: dict[str, Any]
+    only: Optional[list[tuple[str, str]]]   # the shards a job-array task tokenizes (None: all)
+    counts: Counter
+    skipped: list
+
+
+def _effective_configs(recipe: Recipe, workers: Optional[int], num_shards: Optional[int],
+                       shard_index: Optional[int], tokenizer_path: Optional[str]) -> tuple[PrepareConfig,
+                                                                                             TokenizerConfig]:
+    """The recipe's prepare and tokenizer settings with the command-line values applied, checked."""
+    config = dataclasses.replace(recipe.prepare)
+    tokenizer_config = dataclasses.replace(recipe.tokenizer)
+    if workers is not None:
+        config.workers = workers
+    if num_shards is not None:
+        config.num_shards = num_shards
+    if tokenizer_path is not None:
+        tokenizer_config.path = tokenizer_path
+    if config.workers < 1 or config.num_shards < 1:
+        raise UsageError("workers and num_shards must be at least 1.")
+    if shard_index is not None and not 0 <= shard_index < config.num_shards:
+        raise UsageError(f"--shard-index {shard_index} is outside 0..{config.num_shards - 1} "
+                         f"(--num-shards {config.num_shards}).")
+    return config, tokenizer_config
+
+
+def _tokenizer_source(tokenizer_config: TokenizerConfig) -> dict[str, Any]:
+    """What the tokenizer is made from: an existing file (by content) or the training settings."""
+    if not tokenizer_config.path:
+        return tokenizer_settings(tokenizer_config)
+    path = tokenizer_file(tokenizer_config.path)
+    if not path.is_file():
+        raise DataError(f"--tokenizer {tokenizer_config.path}: no tokenizer.json there.")
+    return {"path": str(tokenizer_config.path), "sha256": file_sha256(path)}
+
+
+def _plan(out: Path, config: PrepareConfig, tokenizer_config: TokenizerConfig,
+          shard_index: Optional[int]) -> _Plan:
+    """Resolve the sources and compute the stage keys."""
+    counts: Counter = Counter()
+    skipped: list = []
+    inputs = resolve_inputs(config, counts, skipped)
+    documents_key = settings_hash({"version": STAGE_VERSION, "settings": documents_settings(config),
+                                   "inputs": [[item.path, item.format, item.size, item.mtime_ns]
+                                              for _, items in inputs for item in items]})
+    tokenizer_source = _tokenizer_source(tokenizer_config)
+    only = None
+    if shard_index is not None:
+        only = [("train", shard_name(shard_index))] + ([("validation", shard_name(0))] if shard_index == 0 else [])
+    return _Plan(out=out, config=config, tokenizer_config=tokenizer_config, inputs=inputs,
+                 sources=[item.record() for _, items in inputs for item in items], documents_key=documents_key,
+                 key=settings_hash({"documents": documents_key, "tokenizer": tokenizer_source}),
+                 settings={"prepare": documents_settings(config), "tokenizer": tokenizer_source},
+                 only=only, counts=counts, skipped=skipped)
+
+
+def _up_to_date(plan: _Plan, console: Any) -> Optional[dict[str, Any]]:
+    """The manifest when DATA_DIR is complete for these inputs; a damaged one is removed."""
+    manifest = read_json(plan.out / "manifest.json")
+    if manifest is None or manifest.get("settings", {}).get("input_key") != plan.key:
+        return None
+    try:
+        prepared = open_prepared(plan.out)
+        for split in SPLITS:
+            prepared.split(split)
+        console.print(f"{plan.out} is up to date (fingerprint {prepared.fingerprint[:12]}); nothing to do.")
+        return prepared.manifest
+    except DataError:
+        console.print(f"{plan.out}: the prepared data is incomplete or damaged; rebuilding what is missing.")
+        clear(plan.out, "manifest.json")
+        return None
+
+
+def _run_documents(plan: _Plan, pool: Workers, console: Any, timings: dict[str, float]) -> dict[str, Any]:
+    """Stage 1, and its record in work/documents.json."""
+    built = build_documents(plan.out, plan.inputs, plan.config, pool, plan.counts, plan.skipped, console)
+    record = {"key": plan.documents_key, "counts": dict(plan.counts), "skipped_files": plan.skipped, **built}
+    write_json(plan.out / WORK / "documents.json", record)
+    timings["documents"] = built["seconds"]
+    return record
+
+
+def _documents_record(plan: _Plan, pool: Workers, console: Any, timings: dict[str, float]) -> dict[str, Any]:
+    """Stage 1's record: kept when its key matches, else everything is cleared and stage 1 runs."""
+    documents = read_json(plan.out / WORK / "documents.json")
+    if documents is not None and documents.get("key") == plan.documents_key:
+        return documents
+    if documents is not None or (plan.out / "manifest.json").exists():
+        console.print("Sources or settings changed since the last run: rebuilding everything.")
+    clear(plan.out, "manifest.json", "tokenizer", "train", "validation", f"{WORK}/tokenizer.json",
+          f"{WORK}/shards", f"{WORK}/documents.json")
+    return _run_documents(plan, pool, console, timings)
+
+
+def _with_documents_text(plan: _Plan, documents: dict[str, Any], tokenizer_done: bool, pool: Workers,
+                         console: Any, timings: dict[str, float]) -> dict[str, Any]:
+    """Stage 1's record, run again when work remains but its intermediate text was removed."""
+    pending = pending_shards(plan.out, documents, plan.key, plan.only)
+    if (not tokenizer_done or pending) and not (plan.out / WORK / "documents").is_dir():
+        # The last run finished and removed its intermediate text; reading again gives the
+        # same documents (everything is deterministic), so finished outputs stay valid.
+        console.print("Reading the sources again (the intermediate documents were removed).")
+        return _run_documents(plan, pool, console, timings)
+    if "documents" not in timings:
+        console.print("Documents: already done (same sources and settings).")
+    return documents
+
+
+def _run_tokenizer(plan: _Plan, documents: dict[str, Any], console: Any, timings: dict[str, float]) -> dict:
+    """Stage 2 (clearing what depended on the old tokenizer), and its record in work/tokenizer.json."""
+    clear(plan.out, "manifest.json", "train", "validation", f"{WORK}/shards")
+    tick = time.perf_counter()
+    stats = build_tokenizer(plan.out, documents, plan.tokenizer_config, plan.tokenizer_config.path, console)
+    timings["tokenizer"] = time.perf_counter() - tick
+    record = {"key": plan.key, "stats": stats}
+    write_json(plan.out / WORK / "tokenizer.json", record)
+    return record
+
+
+def _stages_1_2(plan: _Plan, pool: Workers, console: Any,
+                timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stages 1 and 2 under the DATA_DIR lock (once for all tasks of a job array): their records."""
+    with locked(plan.out):
+        (plan.out / WORK).mkdir(parents=True, exist_ok=True)
+        documents = _documents_record(plan, pool, console, timings)
+        tokenizer_record = read_json(plan.out / WORK / "tokenizer.json")
+        tokenizer_done = tokenizer_record is not None and tokenizer_record.get("key") == plan.key
+        documents = _with_documents_text(plan, documents, tokenizer_done, pool, console, timings)
+        plan.counts, plan.skipped = Counter(documents["counts"]), documents["skipped_files"]
+        if tokenizer_done:
+            console.print("Tokenizer: already done.")
+        else:
+            tokenizer_record = _run_tokenizer(plan, documents, console, timings)
+    return documents, tokenizer_record
+
+
+def _facts(out: Path, tokenizer_record: dict[str, Any], console: Any) -> dict[str, Any]:
+    """The manifest's tokenizer record; unusual special-token ids are recorded, with a warning."""
+    stats = tokenizer_record["stats"]
+    facts = tokenizer_facts(load_tokenizer(out / "tokenizer"), stats["kind"], stats["sha256"])
+    if facts["special_tokens"] != SPECIAL_IDS:
+        console.print(f"[yellow]Warning:[/] this tokenizer's special-token ids are {facts['special_tokens']}, "
+                      f"not bertrain's usual 0-4; the manifest records them.")
+    return facts
+
+
+def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts: dict[str, Any],
+            shard_index: Optional[int], console: Any) -> tuple[Optional[dict[str, Any]], list[str]]:
+    """Stage 4 once no shard is pending: (the manifest, []), or (None, the pending shards)."""
+    out = plan.out
+    pending = [f"{split}/{shard['name']}" for split, shard in pending_shards(out, documents, plan.key)]
+    if pending:
+        if not (out / WORK / "documents").is_dir():
+            raise DataError(f"{out}: shards {', '.join(pending[:4])} are missing and the intermediate "
+                            f"documents were removed; run prepare again without --shard-index to rebuild.")
+        console.print(f"Shard {shard_index} done; {len(pending)} shard(s) still to do. The manifest is "
+                      f"written by the last job, or by `bertrain prepare` without --shard-index.")
+        return None, pending
+    existing = read_json(out / "manifest.json")
+    if existing is None or existing.get("settings", {}).get("input_key") != plan.key:
+        manifest = build_manifest(out, documents, stats, facts, plan.key, plan.settings, plan.sources,
+                                  plan.counts, plan.skipped)
+    else:
+        manifest = open_prepared(out).manifest
+    shutil.rmtree(out / WORK / "documents", ignore_errors=True)
+    return manifest, []
+
+
+def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int] = None,
+                   shard_index: Optional[int] = None, num_shards: Optional[int] = None,
+                   tokenizer_path: Optional[str] = None, console: Any = None) -> dict[str, Any]:
+    """Prepare DATA_DIR from a recipe; return the manifest (or, for a job-array task whose siblings
+    are still running, a status dict with `complete: False`)."""
+    console = console or Console(stderr=True, quiet=True)
+    started = time.perf_counter()
+    config, tokenizer_config = _effective_configs(recipe, workers, num_shards, shard_index, tokenizer_path)
+    out = Path(out_dir)
+    check_out_dir(out)
+    plan = _plan(out, config, tokenizer_config, shard_index)
+    manifest = _up_to_date(plan, console)
+    if manifest is not None:
+        return manifest
+    pool = Workers(config.workers)
+    timings: dict[str, float] = {}
+    try:
+        documents, tokenizer_record = _stages_1_2(plan, pool, console, timings)
+        facts = _facts(out, tokenizer_record, console)
+        tick = time.perf_counter()
+        build_shards(out, documents, facts, plan.key, plan.only, pool, console)
+        timings["tokenize"] = time.perf_counter() - tick
+    finally:
+        pool.close()
+    with locked(out):
+        manifest, pending = _finish(plan, documents, tokenizer_record["stats"], facts, shard_index, console)
+    if manifest is None:
+        return {"complete": False, "pending_shards": pending}
+    report(manifest, out, console, time.perf_counter() - started, timings)
+    return manifest

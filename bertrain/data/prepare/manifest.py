@@ -1,0 +1,86 @@
+"""Stage 4, manifest: when every shard is done, gather the shard records into DATA_DIR/manifest.json."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bertrain.data.format import SPLITS, token_dtype_for, write_manifest
+from bertrain.data.prepare.documents import DOCUMENT_SKIPS
+from bertrain.data.prepare.shards import shard_record
+from bertrain.errors import DataError
+
+# Per-shard counts summed by split (e.g. "train_unknown_tokens") for the manifest's counts and stats.
+SHARD_TOTALS = ("sentences_empty_after_tokenizing", "documents_empty_after_tokenizing", "unknown_tokens",
+                "words", "chars")
+
+
+def _gather_splits(out: Path, documents: dict[str, Any], key: str) -> tuple[dict[str, Any], Counter]:
+    """(the manifest's splits, per-split totals of SHARD_TOTALS) from the shard records."""
+    splits: dict[str, Any] = {}
+    shard_totals: Counter = Counter()
+    for split in SPLITS:
+        records = []
+        for shard in documents["shards"][split]:
+            record = shard_record(out, split, shard["name"], key)
+            if record is None:
+                raise DataError(f"{out}: shard {split}/{shard['name']} is not complete; run prepare again.")
+            for field in SHARD_TOTALS:
+                shard_totals[f"{split}_{field}"] += record.get(field, 0)
+            if record["documents"] or (split == "validation" and not records):
+                records.append({k: record[k] for k in ("name", "documents", "sentences", "tokens")})
+        splits[split] = {"shards": records, "documents": sum(r["documents"] for r in records),
+                         "sentences": sum(r["sentences"] for r in records),
+                         "tokens": sum(r["tokens"] for r in records)}
+    return splits, shard_totals
+
+
+def _final_counts(counts: Counter, splits: dict[str, Any], shard_totals: Counter) -> Counter:
+    """The documents stage's counts plus what tokenizing wrote and dropped; they must add up."""
+    counts = Counter(counts)
+    for field in ("documents_empty_after_tokenizing", "sentences_empty_after_tokenizing"):
+        counts[field] = shard_totals[f"train_{field}"] + shard_totals[f"validation_{field}"]
+    counts["documents_train"] = splits["train"]["documents"]
+    counts["documents_validation"] = splits["validation"]["documents"]
+    counts["documents_written"] = counts["documents_train"] + counts["documents_validation"]
+    counts["sentences_written"] = splits["train"]["sentences"] + splits["validation"]["sentences"]
+    counts["tokens_written"] = splits["train"]["tokens"] + splits["validation"]["tokens"]
+    skips = sum(counts[reason] for reason in DOCUMENT_SKIPS)
+    if counts["documents_read"] != counts["documents_written"] + skips:
+        raise RuntimeError(f"document counts do not add up (a bug): read {counts['documents_read']}, "
+                           f"written {counts['documents_written']}, skipped {skips}")
+    return counts
+
+
+def _tokenizer_stats(tokenizer_stats: dict[str, Any], splits: dict[str, Any], shard_totals: Counter) -> dict:
+    """The tokenizer's training stats (no timings) plus its unknown-token rate and tokens per word,
+    measured on validation (train when validation is empty)."""
+    measured = "validation" if splits["validation"]["tokens"] else "train"
+    tokens = splits[measured]["tokens"]
+    stats = dict(tokenizer_stats)
+    stats.pop("training_seconds", None)
+    stats.update({
+        "measured_on": measured,
+        "unk_rate": shard_totals[f"{measured}_unknown_tokens"] / tokens if tokens else 0.0,
+        "tokens_per_word": tokens / shard_totals[f"{measured}_words"] if shard_totals[f"{measured}_words"] else 0.0,
+    })
+    return stats
+
+
+def build_manifest(out: Path, documents: dict[str, Any], tokenizer_stats: dict[str, Any], facts: dict[str, Any],
+                   key: str, settings: dict[str, Any], sources: list[dict], counts: Counter,
+                   skipped: list) -> dict[str, Any]:
+    """Stage 4: gather shard records into manifest.json (no timings: same inputs, same fingerprint)."""
+    splits, shard_totals = _gather_splits(out, documents, key)
+    counts = _final_counts(counts, splits, shard_totals)
+    manifest = {
+        "tokenizer": {**facts, "stats": _tokenizer_stats(tokenizer_stats, splits, shard_totals)},
+        "token_dtype": token_dtype_for(facts["vocab_size"]).name,
+        "splits": splits,
+        "sources": sources,
+        "counts": dict(sorted((k, v) for k, v in counts.items() if v or k in ("documents_read",))),
+        "skipped_files": skipped,
+        "settings": {**settings, "input_key": key},
+    }
+    return write_manifest(out, manifest)

@@ -1,0 +1,79 @@
+"""The closing table of `bertrain prepare`: counts, skips by reason, tokenizer facts, the shape of the
+documents (with a warning when most are too short), size and time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from bertrain.data.format import open_prepared
+from bertrain.data.prepare.document_shape import document_shape, shape_rows, shape_warnings
+from bertrain.data.prepare.documents import DOCUMENT_SKIPS
+
+# Counts shown in the closing table only when nonzero, with their labels.
+OPTIONAL_ROWS = (("records_read", "records read (grouped by group_by)"),
+                 ("files_skipped_binary", "files skipped: binary (NUL bytes)"),
+                 ("files_skipped_unknown_format", "files skipped: unknown format"),
+                 ("files_empty", "files empty"),
+                 ("lines_decode_replaced", "lines with invalid UTF-8 replaced"),
+                 ("lines_decode_skipped", "lines with invalid UTF-8 skipped"),
+                 ("lines_split_long", "long lines split"),
+                 ("sentences_split_long", "long sentences split"),
+                 ("documents_cut_long", "long documents cut"),
+                 ("sentences_short_dropped", "sentences dropped: too short"),
+                 ("sentences_empty_after_tokenizing", "sentences dropped: no tokens"))
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _count_rows(manifest: dict[str, Any]) -> list[tuple[str, int]]:
+    counts = manifest["counts"]
+    splits = manifest["splits"]
+    rows = [
+        ("files read", counts.get("files_read", 0)),
+        ("documents read", counts.get("documents_read", 0)),
+        ("documents written: train", splits["train"]["documents"]),
+        ("documents written: validation", splits["validation"]["documents"]),
+    ]
+    for reason in DOCUMENT_SKIPS:
+        rows.append((f"documents skipped: {reason.removeprefix('documents_').replace('_', ' ')}", counts.get(reason, 0)))
+    for name, label in OPTIONAL_ROWS:
+        if counts.get(name):
+            rows.append((label, counts[name]))
+    rows += [("sentences", counts.get("sentences_written", 0)),
+             ("tokens: train", splits["train"]["tokens"]), ("tokens: validation", splits["validation"]["tokens"])]
+    return rows
+
+
+def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, timings: dict[str, float]) -> list[str]:
+    """Print counts, skips by reason, tokenizer facts, document shape, output size and time, then a
+    warning for each way most documents are too short; return those warnings."""
+    table = Table(title=f"Prepared {out}", show_header=True)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for label, value in _count_rows(manifest):
+        table.add_row(label, f"{value:,}")
+    shape = document_shape(open_prepared(out))
+    for label, text in shape_rows(shape):
+        table.add_row(label, text)
+    tokenizer = manifest["tokenizer"]
+    stats = tokenizer.get("stats", {})
+    table.add_row("tokenizer", f"{tokenizer['kind']} ({tokenizer['word_marker']}), {tokenizer['vocab_size']:,} tokens")
+    table.add_row(f"unknown-token rate ({stats.get('measured_on', '?')})", f"{stats.get('unk_rate', 0):.4%}")
+    table.add_row(f"tokens per word ({stats.get('measured_on', '?')})", f"{stats.get('tokens_per_word', 0):.3f}")
+    table.add_row("output size", f"{directory_bytes(out) / 1e6:,.1f} MB")
+    table.add_row("time", f"{seconds:,.1f} s" + (" (" + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()) + ")"
+                                                   if timings else ""))
+    console.print(table)
+    if manifest.get("skipped_files"):
+        names = ", ".join(f"{s['path']} ({s['reason']})" for s in manifest["skipped_files"][:10])
+        console.print(f"Skipped files: {names}" + (" ..." if len(manifest["skipped_files"]) > 10 else ""))
+    warnings = shape_warnings(shape, manifest["sources"])
+    for warning in warnings:
+        console.print(f"[yellow]Warning:[/] {escape(warning)}", soft_wrap=True, highlight=False)
+    return warnings

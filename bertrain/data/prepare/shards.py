@@ -1,0 +1,162 @@
+"""Stage 3, shards: tokenize each stage-1 file in the worker pool into DATA_DIR/{split}/shard-NNNNN.*.npy
+(written under temporary names and renamed, so a shard on disk is always whole), with a record
+of its counts in DATA_DIR/work/shards/."""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, wait
+from itertools import chain
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator, Optional, TextIO
+
+import numpy as np
+
+from bertrain.data.format import SPLITS, shard_paths, token_dtype_for, write_shard
+from bertrain.data.prepare.pool import Workers, local_progress, report_progress
+from bertrain.data.prepare.progress import Rate, progress_bar
+from bertrain.data.prepare.workdir import WORK, read_json, write_json
+from bertrain.data.tokenizer import load_tokenizer
+
+ENCODE_BATCH_SENTENCES = 4096
+
+
+def _document_lines(handle: TextIO) -> Iterator[tuple[str, int]]:
+    """(sentence, document index) of every line of a stage-1 file; blank lines end documents."""
+    document, previous_blank = 0, True
+    for line in handle:
+        if line == "\n":
+            if not previous_blank:
+                document += 1
+            previous_blank = True
+            continue
+        previous_blank = False
+        yield line[:-1], document
+
+
+class _SentenceEncoder:
+    """Encodes sentences in batches to a raw token file; keeps each kept sentence's length and
+    document, and counts empty sentences, unknown tokens, words and characters."""
+
+    def __init__(self, tokenizer: Any, dtype: np.dtype, unk_id: int, out: BinaryIO):
+        self.tokenizer, self.dtype, self.unk_id, self.out = tokenizer, dtype, unk_id, out
+        self.lengths: list[np.ndarray] = []
+        self.owners: list[np.ndarray] = []   # document index of every kept sentence
+        self.stats: Counter = Counter()
+        self.batch: list[str] = []
+        self.batch_owner: list[int] = []
+        self.documents = 0
+
+    def add(self, sentence: str, document: int) -> None:
+        self.batch.append(sentence)
+        self.batch_owner.append(document)
+        self.documents = document + 1
+        if len(self.batch) >= ENCODE_BATCH_SENTENCES:
+            self.flush()
+
+    def flush(self) -> None:
+        batch = self.batch
+        if not batch:
+            return
+        id_lists = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(batch, add_special_tokens=False)]
+        sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        ids = np.fromiter(chain.from_iterable(id_lists), dtype=self.dtype, count=int(sizes.sum()))
+        ids.tofile(self.out)
+        keep = sizes > 0
+        self.lengths.append(sizes[keep])
+        self.owners.append(np.asarray(self.batch_owner, dtype=np.int64)[keep])
+        self.stats["sentences_empty_after_tokenizing"] += int((~keep).sum())
+        self.stats["unknown_tokens"] += int(np.count_nonzero(ids == self.unk_id))
+        self.stats["words"] += sum(s.count(" ") for s in batch) + len(batch)
+        chars = sum(len(s) for s in batch) + len(batch)
+        self.stats["chars"] += chars
+        report_progress(chars)
+        self.batch = []
+        self.batch_owner = []
+
+    def offsets(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sentence offsets, document offsets) of the kept sentences; documents left without
+        tokens are dropped (and counted)."""
+        sentence_lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        owner = np.concatenate(self.owners) if self.owners else np.zeros(0, np.int64)
+        per_document = np.bincount(owner, minlength=self.documents)
+        self.stats["documents_empty_after_tokenizing"] = int(np.count_nonzero(per_document == 0))
+        sentence_offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int64)
+        document_offsets = np.concatenate([[0], np.cumsum(per_document[per_document > 0])]).astype(np.int64)
+        return sentence_offsets, document_offsets
+
+
+def tokenize_shard(documents_path: str, split_dir: str, name: str, tokenizer_dir: str, vocab_size: int,
+                   unk_id: int, record_path: str, key: str) -> dict[str, Any]:
+    """Tokenize one stage-1 file into a shard (tokens, sentence and document offsets) plus a record."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    dtype = token_dtype_for(vocab_size)
+    split_path = Path(split_dir)
+    split_path.mkdir(parents=True, exist_ok=True)
+    raw_tokens = split_path / f"{name}.tokens.raw.tmp"
+    with open(documents_path, encoding="utf-8") as handle, open(raw_tokens, "wb") as out:
+        encoder = _SentenceEncoder(tokenizer, dtype, unk_id, out)
+        for sentence, document in _document_lines(handle):
+            encoder.add(sentence, document)
+        encoder.flush()
+    sentence_offsets, document_offsets = encoder.offsets()
+    count = int(sentence_offsets[-1])
+    tokens = np.memmap(raw_tokens, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
+    record = write_shard(split_path, name, tokens, sentence_offsets, document_offsets)
+    del tokens
+    raw_tokens.unlink()
+    record.update({key_: int(value) for key_, value in encoder.stats.items()})
+    write_json(Path(record_path), {"key": key, **record})
+    return record
+
+
+def shard_record(out: Path, split: str, name: str, key: str) -> Optional[dict]:
+    """A shard's record when the shard is complete for `key`, else None."""
+    record = read_json(out / WORK / "shards" / f"{split}-{name}.json")
+    if record is None or record.get("key") != key:
+        return None
+    if not all(path.is_file() for path in shard_paths(out / split, name).values()):
+        return None
+    return record
+
+
+def pending_shards(out: Path, documents: dict[str, Any], key: str,
+                   only: Optional[list[tuple[str, str]]] = None) -> list[tuple[str, dict]]:
+    """(split, shard) of every shard without a complete output for `key` (among `only`, if given)."""
+    return [(split, shard) for split in SPLITS for shard in documents["shards"][split]
+            if (only is None or (split, shard["name"]) in only)
+            and shard_record(out, split, shard["name"], key) is None]
+
+
+def build_shards(out: Path, documents: dict[str, Any], facts: dict[str, Any],
+                 key: str, only: Optional[list[tuple[str, str]]], workers: Workers, console: Any) -> None:
+    """Stage 3: tokenize every shard not already done (or only the listed ones), in parallel."""
+    (out / WORK / "shards").mkdir(parents=True, exist_ok=True)
+    todo = pending_shards(out, documents, key, only)
+    if not todo:
+        return
+    todo.sort(key=lambda item: -item[1]["chars"])  # largest first: better packing over workers
+    total = sum(shard["chars"] for _, shard in todo)
+    arguments = [(str(out / WORK / "documents" / split / f"{shard['name']}.txt"), str(out / split), shard["name"],
+                  str(out / "tokenizer"), facts["vocab_size"], facts["special_tokens"]["unk"],
+                  str(out / WORK / "shards" / f"{split}-{shard['name']}.json"), key) for split, shard in todo]
+    with progress_bar(console) as progress:
+        task = progress.add_task("tokenizing", total=total or None, docs=0, rate=0.0)
+        rate = Rate()
+        done_docs = 0
+        if workers.count <= 1 or len(todo) == 1:
+            for (_, shard), args in zip(todo, arguments):
+                with local_progress(lambda n: progress.update(task, advance=n)):
+                    tokenize_shard(*args)
+                done_docs += shard["documents"]
+                progress.update(task, docs=done_docs, rate=rate(done_docs))
+            return
+        workers.start()
+        futures = {workers.executor.submit(tokenize_shard, *args): shard for (_, shard), args in zip(todo, arguments)}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in finished:
+                future.result()
+                done_docs += futures[future]["documents"]
+            progress.update(task, advance=workers.drain(), docs=done_docs, rate=rate(done_docs))

@@ -1,0 +1,96 @@
+"""What the record readers (JSON, Parquet, datasets, hub) share: the text field, bad records, and
+grouping consecutive records into documents (a source's `group_by`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterator, Optional
+
+from bertrain.config import PrepareConfig, SourceConfig
+from bertrain.data.sources.lookup import InputFile
+from bertrain.errors import DataError
+
+RECORD_BATCH = 1024  # column values per batch read from Parquet, datasets and the hub
+FIX_FIELD = "Fix the data, set the source's text_field, or skip such records with --set prepare.on_bad_record=skip."
+
+
+def field_value(record: Any, dotted: str) -> Any:
+    """The value at a dotted path ("meta.body") in nested dicts, or None when absent."""
+    for part in dotted.split("."):
+        if not isinstance(record, dict) or part not in record:
+            return None
+        record = record[part]
+    return record
+
+
+def group_fields(source: SourceConfig) -> list[str]:
+    """The source's `group_by` fields as a list ([] when records are not grouped)."""
+    if not source.group_by:
+        return []
+    return [source.group_by] if isinstance(source.group_by, str) else list(source.group_by)
+
+
+def group_key(record: Any, fields: list[str]) -> tuple:
+    """The values of the group fields of a record (None where a field is absent)."""
+    return tuple(field_value(record, name) for name in fields)
+
+
+def count_record(source: SourceConfig, counts: Counter) -> None:
+    """Count one record read: a document, unless records are grouped (then each group is one)."""
+    counts["records_read" if source.group_by else "documents_read"] += 1
+
+
+def bad_record(message: str, config: PrepareConfig, counts: Counter, source: Optional[SourceConfig] = None,
+               fix: str = FIX_FIELD) -> None:
+    """A record without usable text: an error, or counted and skipped (prepare.on_bad_record)."""
+    if config.on_bad_record == "error":
+        raise DataError(f"{message} {fix}")
+    if source is not None and source.group_by:
+        counts["documents_read"] += 1  # a skipped record of a grouped source counts as a document read and skipped
+    counts["documents_bad_record"] += 1
+
+
+def grouped_documents(records: Iterator[tuple[tuple, str, str]], config: PrepareConfig,
+                      counts: Counter) -> Iterator[tuple]:
+    """Raw "text" documents from (group key, text, origin) records: consecutive records with equal
+    keys are joined, one paragraph each; a group past max_document_chars is cut (counted)."""
+    texts: list[str] = []
+    key: Any = None
+    origin, size = "", 0
+    for record_key, text, where in records:
+        if texts and (record_key != key or size >= config.max_document_chars):
+            if record_key == key:
+                counts["documents_cut_long"] += 1
+            counts["documents_read"] += 1
+            yield "text", "\n\n".join(texts), origin
+            texts, size = [], 0
+        if not texts:
+            key, origin = record_key, where
+        texts.append(text)
+        size += len(text) + 2
+    if texts:
+        counts["documents_read"] += 1
+        yield "text", "\n\n".join(texts), origin
+
+
+def column_documents(item: InputFile, batches: Iterator[tuple[list, Optional[list]]], source: SourceConfig,
+                     config: PrepareConfig, counts: Counter) -> Iterator[tuple]:
+    """Raw "text" documents from batches of (text-column values, group keys or None); non-strings
+    are bad records."""
+    def records() -> Iterator[tuple[tuple, str, str]]:
+        row = 0
+        for values, keys in batches:
+            for index, value in enumerate(values):
+                count_record(source, counts)
+                if not isinstance(value, str):
+                    bad_record(f"{item.path}: row {row} has a {type(value).__name__} in '{source.text_field}', "
+                               f"not a string.", config, counts, source)
+                else:
+                    yield (keys[index] if keys is not None else ()), value, f"{item.path}#{row}"
+                row += 1
+
+    if source.group_by:
+        yield from grouped_documents(records(), config, counts)
+    else:
+        for _, text, where in records():
+            yield "text", text, where

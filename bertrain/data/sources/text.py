@@ -1,0 +1,63 @@
+"""The plain-text reader: sentence-per-line files (BERT's format) or paragraphs, guessed or configured."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import chain
+from typing import Iterator
+
+from bertrain.config import PrepareConfig, SourceConfig
+from bertrain.data.sentences import split_sentences
+from bertrain.data.sources.lookup import InputFile
+
+_TERMINAL = tuple(".!?…\"'”’)]")
+
+
+def guess_text_layout(lines: list[str]) -> str:
+    """`sentence_per_line` when nearly every line is one complete sentence, else `paragraphs`."""
+    nonblank = [line for line in lines if line.strip()]
+    if not nonblank:
+        return "paragraphs"
+    ends = sum(line.rstrip().endswith(_TERMINAL) for line in nonblank) / len(nonblank)
+    multi = sum(len(split_sentences(line)) > 1 for line in nonblank) / len(nonblank)
+    return "sentence_per_line" if ends >= 0.8 and multi <= 0.2 else "paragraphs"
+
+
+def text_documents(item: InputFile, lines: Iterator[tuple[int, str]], source: SourceConfig,
+                   config: PrepareConfig, counts: Counter) -> Iterator[tuple]:
+    """Raw documents of a text file: one per blank-line-separated block (sentence_per_line), or the
+    whole file as one "text" document, cut at a paragraph boundary past max_document_chars."""
+    layout = source.text_layout
+    if layout == "auto":
+        head = []
+        for pair in lines:
+            head.append(pair)
+            if len(head) >= 400:
+                break
+        layout = guess_text_layout([line for _, line in head])
+        lines = chain(head, lines)
+    if layout == "sentence_per_line":
+        document, start = [], 0
+        for number, line in lines:
+            if line.strip():
+                if not document:
+                    start = number
+                document.append(line)
+            elif document:
+                yield "sentences", document, f"{item.path}:{start}"
+                document = []
+        if document:
+            yield "sentences", document, f"{item.path}:{start}"
+        return
+    # paragraphs: the file is one document; very long files are cut at a paragraph boundary
+    document, size, start = [], 0, 1
+    for number, line in lines:
+        if size >= config.max_document_chars and not line.strip():
+            counts["documents_cut_long"] += 1
+            yield "text", "\n".join(document), f"{item.path}:{start}"
+            document, size, start = [], 0, number + 1
+            continue
+        document.append(line)
+        size += len(line) + 1
+    if document or start == 1:
+        yield "text", "\n".join(document), f"{item.path}:{start}"

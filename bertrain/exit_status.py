@@ -1,0 +1,90 @@
+"""Each worker's exit code, written where `bertrain launch` reads it: launchers (torchrun, accelerate launch)
+turn every worker failure into exit 1, which hides the 2 (bad config) and 75 (checkpointed, requeue me) that a
+job script acts on.
+
+A worker started by `bertrain launch` finds BERTRAIN_EXIT_STATUS_DIR in its environment and writes
+`rank-{RANK}.json` there on exit; the launch command combines the files into one exit code (`combine`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertrain.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE
+from bertrain.files import write_atomic
+
+STATUS_DIR_ENV = "BERTRAIN_EXIT_STATUS_DIR"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """What one worker recorded: its global rank, exit code, and how many workers its node started."""
+
+    rank: int
+    code: int
+    local_world_size: int = 1
+
+
+def record_exit(code: int) -> None:
+    """Write this worker's exit code to $BERTRAIN_EXIT_STATUS_DIR/rank-{RANK}.json; a no-op when unset."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    if not directory:
+        return
+    rank = os.environ.get("RANK", "0")
+    record = {"rank": int(rank), "code": int(code), "pid": os.getpid(),
+              "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
+    path = Path(directory) / f"rank-{rank}.json"
+    try:  # the exit path must not fail: without the file, `bertrain launch` falls back to the launcher's code
+        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(record)))
+    except OSError as error:
+        print(f"bertrain: could not record the exit status in {path}: {error}", file=sys.stderr)
+
+
+def read_exits(directory: Path) -> list[WorkerExit]:
+    """Every worker's record in `directory`, by rank; unreadable files are skipped (that worker counts as silent)."""
+    found = []
+    for path in sorted(Path(directory).glob("rank-*.json")):
+        try:
+            record = json.loads(path.read_text())
+            found.append(WorkerExit(int(record["rank"]), int(record["code"]), int(record.get("local_world_size", 1))))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(found, key=lambda worker: worker.rank)
+
+
+def _ranks(exits: list[WorkerExit], code: int) -> str:
+    return ",".join(str(worker.rank) for worker in exits if worker.code == code)
+
+
+def combine(exits: list[WorkerExit], launcher_code: int) -> tuple[int, str]:
+    """One exit code for the job and a sentence saying why.
+
+    A bad config (2) on any rank wins, then an error (1); workers that all stopped with one code (75 after a
+    signal-triggered checkpoint, or 0) give that code; without any record, the launcher's own code stands.
+    """
+    if not exits:
+        return launcher_code, f"no worker recorded an exit status; the launcher's exit code {launcher_code} stands"
+    codes = {worker.code for worker in exits}
+    expected = max(worker.local_world_size for worker in exits)
+    silent = f"; {expected - len(exits)} of {expected} worker(s) ended without a status" if len(exits) < expected \
+        else ""
+    if EXIT_USAGE in codes:
+        return EXIT_USAGE, f"rank(s) {_ranks(exits, EXIT_USAGE)} refused the config or command line (exit 2){silent}"
+    if EXIT_ERROR in codes:
+        return EXIT_ERROR, f"rank(s) {_ranks(exits, EXIT_ERROR)} failed (exit 1){silent}"
+    stopped = codes - {EXIT_OK}
+    if len(stopped) > 1:
+        listed = ", ".join(f"rank {worker.rank}: {worker.code}" for worker in exits)
+        return EXIT_ERROR, f"workers ended with different exit codes ({listed}){silent}"
+    if stopped:
+        code = stopped.pop()
+        what = "stopped by a signal after writing a checkpoint: requeue the job or run the same command to resume" \
+            if code == EXIT_REQUEUE else "stopped"
+        return code, f"rank(s) {_ranks(exits, code)} {what} (exit {code}){silent}"
+    if silent and launcher_code != EXIT_OK:
+        return EXIT_ERROR, f"the launcher failed (exit {launcher_code}){silent} (killed or crashed)"
+    return EXIT_OK, f"all {len(exits)} worker(s) finished (exit 0)"

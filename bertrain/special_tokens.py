@@ -1,0 +1,14 @@
+"""The special tokens and word markers of both tokenizer kinds: the one place that names them.
+
+Both kinds put the special tokens at the same ids, so data, model and export code agree on them
+without reading a tokenizer.
+"""
+
+SPECIAL_TOKENS = {
+    "wordpiece": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+    "unigram": {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},
+}
+SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+SPECIAL_TOKEN_NAMES = tuple(SPECIAL_IDS)
+# What marks a word boundary in each kind's pieces: WordPiece marks continuations, Unigram word starts.
+WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}

@@ -1,0 +1,174 @@
+"""`pretrain --dry-run`: the run's size and disk needs at once, then a time estimate from at most one micro-batch.
+
+The figures that need no computation (parameters, tokens, steps, epochs, disk) are printed first. Then,
+only when one micro-batch is quick here (its training FLOPs at this device's measured matmul rate take at
+most QUICK_SECONDS), "measuring one micro-batch…" runs one forward and backward pass of it (no optimizer
+step, nothing written) and the step time is that x gradient accumulation. Otherwise the estimate is
+skipped, saying why, with a rough time from FLOPs alone. Only rank 0 measures and prints.
+
+A signal ends a dry run at once (the caller runs it under `signals.stop_at_once`): exit 130 (SIGINT),
+143 (SIGTERM) or 138 (SIGUSR1), with the figures already printed. A completed dry run exits 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from bertrain.config import Config, ModelConfig
+from bertrain.train.fault_hooks import step_delay
+from bertrain.train.monitor import human_bytes, human_seconds
+from bertrain.train.stream import TrainStream
+
+QUICK_SECONDS = 10.0
+# A training step reaches only part of a device's plain matmul rate (attention, softmax, layer norm, memory
+# traffic): the share assumed when a time is estimated from FLOPs alone.
+MATMUL_SHARE = 0.5
+WHOLE_WARMUP_SECONDS = 2.0
+
+
+def training_flops(model: ModelConfig, sequences: int, seq_len: int, mlm_probability: float) -> float:
+    """Forward + backward FLOPs of one micro-batch of `sequences` x `seq_len` tokens (3 x the forward pass)."""
+    h, layers, inner = model.hidden_size, model.num_hidden_layers, model.intermediate_size
+    embedding = model.embedding_size or h
+    per_token = layers * (2 * (4 * h * h + 2 * h * inner) + 4 * seq_len * h)   # projections, FFN, attention
+    per_token += 2 * embedding * h if embedding != h else 0                     # ALBERT's E → H projection
+    per_token += mlm_probability * 2 * (h * embedding + embedding * int(model.vocab_size or 0))  # MLM head
+    return 3.0 * per_token * sequences * seq_len
+
+
+def matmul_rate(accelerator) -> float:
+    """FLOP/s of square matmuls on this process's device, in the run's autocast precision (~0.1 s)."""
+    device = accelerator.device
+    n = 2048 if device.type == "cuda" else 384
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    with accelerator.autocast():
+        torch.matmul(a, b)  # warm-up
+        _synchronize(device)
+        begin, repeats = time.perf_counter(), 0
+        while repeats < 3 or (time.perf_counter() - begin < 0.1 and repeats < 200):
+            torch.matmul(a, b)
+            repeats += 1
+        _synchronize(device)
+    return 2.0 * n ** 3 * repeats / max(time.perf_counter() - begin, 1e-9)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_micro_batch(model, accelerator, batch: dict, warmup_rows: int = 1) -> float:
+    """Seconds of one forward + backward pass of `batch`, after a warm-up pass on its first `warmup_rows`
+    sequences (first-call allocations and kernel choice stay out of the measurement); no optimizer step."""
+    device = accelerator.device
+    model.to(device).train()
+    predicted = max(int((batch["labels"] != -100).sum()), 1)
+    labelled = max(int((batch["sentence_label"] != -100).sum()), 1) if "sentence_label" in batch else 1
+
+    def forward_backward(rows: int) -> None:
+        part = {k: v[:rows].to(device) for k, v in batch.items()}
+        with accelerator.autocast():
+            out = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
+                        token_type_ids=part["token_type_ids"], labels=part["labels"],
+                        sentence_label=part.get("sentence_label"), mlm_normalizer=predicted,
+                        sentence_normalizer=labelled)
+        out.loss.backward()
+        _synchronize(device)
+
+    forward_backward(warmup_rows)
+    model.zero_grad(set_to_none=True)
+    begin = time.perf_counter()
+    forward_backward(len(batch["input_ids"]))
+    if step_delay():
+        time.sleep(step_delay())  # BERTRAIN_TEST_STEP_DELAY: a slow step for the signal tests
+    seconds = time.perf_counter() - begin
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def _figures(config: Config, prepared, world: int, micro_batch_size: int, num_parameters: int,
+             checkpoint_bytes: int, epoch_length: int, total_steps: int) -> Table:
+    """The table of what needs no measurement."""
+    train = config.train
+    steps_per_epoch = epoch_length / train.gradient_accumulation_steps
+    disk = checkpoint_bytes * (train.keep_last + 1)
+    split = prepared.manifest["splits"]["train"]
+    table = Table(title=f"pretrain --dry-run ({world} process(es))")
+    table.add_column("", style="cyan")
+    table.add_column("value", style="green", justify="right")
+    rows = [("model", f"{config.model.type}, vocab {config.model.vocab_size}"),
+            ("parameters", f"{num_parameters:,}"),
+            ("tokens per epoch", f"{int(split['tokens']):,}"),
+            ("sequences per step", f"{train.batch_size:,} x {config.data.max_seq_length} tokens"),
+            ("micro-batch per process", f"{micro_batch_size} x {train.gradient_accumulation_steps} accumulation"),
+            ("steps per epoch", f"{steps_per_epoch:,.1f}"),
+            ("total steps", f"{total_steps:,}"),
+            ("epochs", f"{total_steps / max(steps_per_epoch, 1e-9):,.2f}"),
+            ("checkpoint size", human_bytes(checkpoint_bytes)),
+            ("disk needed", f"{human_bytes(disk)} (keep_last {train.keep_last} + 1 while saving)")]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, highlight=False)
+    console.file.flush()  # shown before the (possibly long) work that follows, and kept if a signal ends it
+
+
+def estimate_time(model, accelerator, console: Console, config: Config, prepared, micro_batch_size: int,
+                  total_steps: int) -> None:
+    """Print the time estimate: measured on one micro-batch when that is quick, else skipped with the reason."""
+    train, data = config.train, config.data
+    accumulation = train.gradient_accumulation_steps
+    flops = training_flops(config.model, micro_batch_size, data.max_seq_length, data.mlm_probability)
+    rate = matmul_rate(accelerator)
+    expected = flops / (rate * MATMUL_SHARE)
+    shape = f"{micro_batch_size} x {data.max_seq_length} tokens"
+    if expected > QUICK_SECONDS:
+        _say(console, f"estimate skipped: one micro-batch ({shape}, {flops / 1e12:,.1f} TFLOP forward + backward) "
+                      f"would take ~{human_seconds(expected)} on {accelerator.device} ({rate / 1e9:,.0f} GFLOP/s "
+                      f"matmul), over the {QUICK_SECONDS:.0f} s a dry run spends.")
+        _say(console, f"rough time from FLOPs alone (not measured): ~{human_seconds(expected * accumulation)} "
+                      f"per step, ~{human_seconds(expected * accumulation * total_steps)} for {total_steps:,} "
+                      f"steps on this device.")
+        return
+    _say(console, f"measuring one micro-batch ({shape}, forward + backward, expected under "
+                  f"{max(expected, 0.1):.1f} s)…")
+    stream = TrainStream(prepared, data, seed=train.seed, micro_batch_size=micro_batch_size, rank=0,
+                         world_size=accelerator.num_processes, epoch=0, micro_batch=0)
+    try:
+        # Warm up on the whole micro-batch when that is cheap: a first pass at a new shape ran ~10x slower here.
+        batch = stream.next()
+        warmup_rows = len(batch["input_ids"]) if expected <= WHOLE_WARMUP_SECONDS else 1
+        seconds = measure_micro_batch(model, accelerator, batch, warmup_rows)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and "memory" not in str(error):
+            raise
+        _say(console, f"estimate skipped: one micro-batch ({shape}) does not fit in memory on "
+                      f"{accelerator.device} ({type(error).__name__}); raise train.gradient_accumulation_steps.")
+        return
+    step = seconds * accumulation
+    table = Table(title="time estimate")
+    table.add_column("", style="cyan")
+    table.add_column("value", style="green", justify="right")
+    table.add_row("one micro-batch (measured)", f"{seconds:.3f} s")
+    table.add_row("measured step time", f"{step:.3f} s ({accumulation} micro-batch(es))")
+    table.add_row("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)")
+    console.print(table)
+
+
+def report_dry_run(model, accelerator, console: Console, config: Config, prepared, *, micro_batch_size: int,
+                   num_parameters: int, checkpoint_bytes: int, epoch_length: int, total_steps: int) -> int:
+    """Print the run's size at once, then a time estimate (rank 0); write nothing. Returns the exit code, 0."""
+    if not accelerator.is_main_process:
+        return 0
+    console.print(_figures(config, prepared, accelerator.num_processes, micro_batch_size, num_parameters,
+                           checkpoint_bytes, epoch_length, total_steps))
+    console.file.flush()
+    estimate_time(model, accelerator, console, config, prepared, micro_batch_size, total_steps)
+    return 0

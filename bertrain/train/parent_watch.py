@@ -1,0 +1,79 @@
+"""Stop a worker whose launcher died: torchrun starts workers in their own sessions, so after a kill -9 of
+torchrun nothing stops them and they go on writing the RUN_DIR beside a relaunched run. Stdlib only.
+
+On Linux the kernel sends SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG): the usual SIGTERM
+handler then finishes the step, saves a checkpoint and exits 75. Elsewhere a daemon thread polls the
+parent's pid. (The kernel watches the parent *thread* that started the worker; torchrun and accelerate
+start workers from their main thread, which lives as long as they do.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK")  # set by torchrun and accelerate launch for each worker
+POLL_SECONDS = 1.0
+
+
+def started_by_launcher() -> bool:
+    """True when a launcher (torchrun, accelerate launch) started this process."""
+    return any(name in os.environ for name in LAUNCHER_ENV)
+
+
+def libc_prctl() -> Optional[Callable[..., int]]:
+    """libc's prctl (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # the symbols already loaded: libc is among them
+    except (OSError, AttributeError):
+        return None
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM, prctl: Optional[Callable[..., int]] = None) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent dies; False where that is unavailable.
+
+    Pass `prctl` (from `libc_prctl()`) when calling between fork and exec, where nothing may be loaded.
+    """
+    prctl = prctl or libc_prctl()
+    return prctl is not None and prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _terminate_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _poll_parent(parent: int, on_orphaned: Callable[[], None], poll_seconds: float) -> None:
+    while os.getppid() == parent:
+        time.sleep(poll_seconds)
+    on_orphaned()
+
+
+def watch_parent(on_orphaned: Optional[Callable[[], None]] = None, *, only_under_launcher: bool = True,
+                 poll_seconds: float = POLL_SECONDS) -> bool:
+    """Call `on_orphaned` (default: SIGTERM to this process) once the parent process dies; True if watching.
+
+    With the default, Linux delivers the SIGTERM itself (no thread); a callback, or another OS, polls the
+    parent's pid from a daemon thread. Does nothing unless a launcher started this process
+    (`only_under_launcher`), so a plain `bertrain pretrain` outlives the shell it was started from as before.
+    """
+    if only_under_launcher and not started_by_launcher():
+        return False
+    parent = os.getppid()
+    # The default path must not fire twice: a second SIGTERM more than a few seconds after the first
+    # means "exit now, no checkpoint" to the signal handler.
+    if on_orphaned is None and set_parent_death_signal(signal.SIGTERM):
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            _terminate_self()
+        return True
+    # A parent pid of 1 is no sign of orphaning: in a container the launcher itself may be pid 1.
+    threading.Thread(target=_poll_parent, args=(parent, on_orphaned or _terminate_self, poll_seconds),
+                     name="bertrain-parent-watch", daemon=True).start()
+    return True

@@ -1,0 +1,157 @@
+"""What may change between a checkpoint and the run that resumes it, and how the run follows a change.
+
+Every config key is in exactly one of FREE_KEYS, BUDGET_KEYS, FORCE_KEYS and NEVER_KEYS
+(tests/test_resume_rules.py checks it), so a new key is a decision rather than a default:
+- free: does not change what is computed (cadence, logging, paths), or a longer budget;
+- --force: keeps the weights and optimizer state meaningful but changes the run from here on (data,
+  batch layout, optimizer settings, numerics, a shorter budget); nothing else passes with --force;
+- never: the weights or the optimizer state would not fit (shapes, optimizer kind, activation).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertrain.config import Config, build_dataclass, read_yaml, to_dict
+from bertrain.errors import ConfigError
+from bertrain.train.optim import LRSchedule
+from bertrain.train.state import DATA_INFO, TRAIN_STATE, TrainState
+
+# Prefixes of keys that may change freely: they do not change what the run computes (train.compile and
+# model.unpad change only the order of floating-point sums: the same maths, equal within 1e-5).
+FREE_KEYS = ("train.output_dir", "train.save_every", "train.eval_every", "train.log_every", "train.keep_last",
+             "train.max_bad_steps", "train.requeue_exit_code", "train.compile", "train.stop_at_step",
+             "logging.", "data.path", "data.num_workers", "data.eval_batches", "model.gradient_checkpointing",
+             "model.unpad", "model.init_from", "model.initializer_range", "tokenizer.")
+# The budget: a longer one is free (the schedule's decay is recomputed for it); any other change needs --force.
+BUDGET_KEYS = ("train.max_steps", "train.max_tokens")
+# Allowed with --force, and only these (besides the prepared data and the number of processes).
+FORCE_KEYS = (
+    # data: what the remaining steps are trained on
+    "data.objective", "data.max_seq_length", "data.short_seq_prob", "data.masking", "data.mlm_probability",
+    "data.mask_prob", "data.random_prob", "data.ngram_max", "data.max_predictions_per_seq", "data.pad_to_multiple_of",
+    # batch layout (the data position is rescaled to the new global micro-batch)
+    "train.batch_size", "train.gradient_accumulation_steps",
+    # optimizer settings and schedule (a new schedule continues at the checkpoint's step)
+    "optim.lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.max_grad_norm", "optim.schedule",
+    "optim.warmup_steps", "optim.warmup_fraction",
+    # numerics and randomness: the run stays valid but is no longer the run it would have been
+    "train.mixed_precision", "train.tf32", "train.deterministic", "train.seed",
+    "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
+# Never, not even with --force: the weights (or the optimizer state) would not fit.
+NEVER_KEYS = ("optim.name", "model.type", "model.vocab_size", "model.hidden_size", "model.num_hidden_layers",
+              "model.num_attention_heads", "model.intermediate_size", "model.max_position_embeddings",
+              "model.type_vocab_size", "model.embedding_size", "model.num_hidden_groups", "model.inner_group_num",
+              "model.hidden_act", "model.layer_norm_eps")
+
+
+@dataclass
+class Resumption:
+    """A checkpoint's TrainState checked against this run, and what changed since it."""
+
+    state: TrainState
+    forced: list[str] = field(default_factory=list)  # differences --force let through
+    longer_budget: str | None = None                 # e.g. "train.max_steps: 40 → 42" (a free change)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def is_free(key: str) -> bool:
+    """Whether `key` may change between a checkpoint and its resumption without --force."""
+    return any(key == free or (free.endswith(".") and key.startswith(free)) for free in FREE_KEYS)
+
+
+def _change(key: str, old: dict, new: dict) -> str:
+    return f"{key}: {old.get(key)!r} → {new.get(key)!r}"
+
+
+def budget_change(old: dict, new: dict) -> tuple[str | None, list[str]]:
+    """("longer", lines), ("other", lines) or (None, []) for the budget keys of two flattened configs.
+
+    max_steps counts only while max_tokens is unset (max_tokens overrides it)."""
+    old_tokens, new_tokens = old.get("train.max_tokens"), new.get("train.max_tokens")
+    if (old_tokens is None) != (new_tokens is None):  # steps ↔ tokens: a different kind of budget
+        return "other", [_change(key, old, new) for key in BUDGET_KEYS if old.get(key) != new.get(key)]
+    key = "train.max_steps" if old_tokens is None else "train.max_tokens"
+    before, after = old.get(key), new.get(key)
+    if before == after:
+        return None, []
+    return ("longer" if after > before else "other"), [_change(key, old, new)]
+
+
+def resume_differences(saved: Config, saved_state: TrainState, saved_data: dict, config: Config,
+                       world_size: int, data: dict) -> tuple[list[str], list[str], str | None]:
+    """(never allowed, allowed with --force, a longer budget) between a checkpoint and this run."""
+    never, forceable = [], []
+    old, new = _flatten(to_dict(saved)), _flatten(to_dict(config))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) == new.get(key) or is_free(key) or key in BUDGET_KEYS:
+            continue
+        if key in FORCE_KEYS:
+            forceable.append(_change(key, old, new))
+        else:
+            unknown = "" if key in NEVER_KEYS else " (not known to be safe to change on resume)"
+            never.append(_change(key, old, new) + unknown)
+    kind, lines = budget_change(old, new)
+    if kind == "other":
+        forceable += lines
+    for key in ("tokenizer_sha256", "vocab_size", "tokenizer_kind"):
+        if saved_data.get(key) != data.get(key):
+            never.append(f"tokenizer {key}: {saved_data.get(key)!r} → {data.get(key)!r}")
+    if saved_data.get("fingerprint") != data.get("fingerprint"):
+        forceable.append(f"data fingerprint: {saved_data.get('fingerprint', '')[:12]} → {data['fingerprint'][:12]} "
+                         f"(different prepared data)")
+    if saved_state.world_size != world_size:
+        forceable.append(f"processes (world size): {saved_state.world_size} → {world_size}")
+    return never, forceable, (lines[0] if kind == "longer" else None)
+
+
+def resumed_state(path: Path, config: Config, data: dict, world_size: int, micro_batch_size: int,
+                  force: bool) -> Resumption:
+    """The checkpoint's TrainState, checked against this run, with what --force let through and a longer budget.
+
+    After forced differences the micro-batch position is rescaled to this run's global micro-batch."""
+    saved_config = build_dataclass(Config, read_yaml(path / "config.yaml"))
+    state = TrainState(**json.loads((path / TRAIN_STATE).read_text()))
+    saved_data = json.loads((path / DATA_INFO).read_text())
+    never, forceable, longer = resume_differences(saved_config, state, saved_data, config, world_size, data)
+    if never or (forceable and not force):
+        lines = "\n".join(f"  {line}" for line in never + forceable)
+        what = ("These cannot be overridden, not even with --force (the weights or the optimizer state would not "
+                "fit them): resume with the run's own settings, or start a new run (another --run-dir; "
+                "model.init_from can start it from this checkpoint's weights)." if never else
+                "Pass --force to resume anyway (it allows changes of the data, batch layout, optimizer settings, "
+                "precision, seed, dropout and a shorter budget), or use a new --run-dir. A longer budget needs "
+                "no --force.")
+        raise ConfigError(f"Cannot resume from {path}: the run changed since that checkpoint:\n{lines}\n{what}")
+    if forceable:
+        old_global = state.micro_batch_size * state.world_size
+        state.micro_batch = state.micro_batch * old_global // (micro_batch_size * world_size)
+        state.world_size, state.micro_batch_size = world_size, micro_batch_size
+    return Resumption(state, forceable, longer)
+
+
+def stretch_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, step: int,
+                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The loaded schedule with a new length, continuing at `step`; returns the scheduler to use instead.
+
+    A longer budget means the run is now planned to be longer: the decay is recomputed to end at the new
+    total, as if it had been planned from the start (the lr rises from where the old decay was at `step`
+    to where the new one is). The warmup already done keeps its length."""
+    loaded = scheduler.lr_lambdas[0]
+    schedule = LRSchedule(loaded.schedule, loaded.warmup_steps, total_steps)
+    # last_epoch = step - 1: the scheduler's first step (in its constructor) sets the lr of `step`.
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)

@@ -1,0 +1,107 @@
+"""Setting up a run: the config resolved against its data, Accelerate, the schedule length, RUN_DIR's lock
+and files."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from rich.console import Console
+
+from bertrain.config import Config, TrainConfig, check_precision_for_device, dump_yaml
+from bertrain.data.format import PreparedData, open_prepared
+from bertrain.errors import ConfigError, DataError
+from bertrain.files import LockHeld, exclusive_lock
+from bertrain.train.monitor import truncate_metrics
+from bertrain.train.precision import choose_mixed_precision, set_tf32
+from bertrain.train.state import LOCK_FILE, TrainState, write_error
+
+
+def resolve_run_config(config: Config, data_dir: str | None, run_dir: str | None) -> tuple[Config, PreparedData]:
+    """A copy of `config` with --data / --run-dir applied and model.vocab_size taken from the prepared
+    data's manifest, and that data; refuses a config that does not fit the data."""
+    if data_dir:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, path=str(data_dir)))
+    if run_dir:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, output_dir=str(run_dir)))
+    prepared = open_prepared(config.data.path)
+    vocab = prepared.vocab_size
+    if config.model.vocab_size is None:
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab))
+    elif config.model.vocab_size < vocab:
+        raise ConfigError(
+            f"Config key 'model.vocab_size' ({config.model.vocab_size}) is smaller than the tokenizer's vocabulary "
+            f"({vocab}, from {prepared.path}/manifest.json): token ids would fall outside the embedding. "
+            f"Remove model.vocab_size (it is taken from the manifest) or set it to at least {vocab}.")
+    if config.data.masking in ("whole_word", "ngram") and prepared.tokenizer_kind not in ("wordpiece", "unigram"):
+        raise ConfigError(
+            f"Config key 'data.masking' is {config.data.masking!r}, which needs word boundaries, but the tokenizer "
+            f"kind in {prepared.path}/manifest.json is {prepared.tokenizer_kind!r} (known: wordpiece, unigram). "
+            f"Use data.masking=token or prepare the data with a wordpiece/unigram tokenizer.")
+    return config, prepared
+
+
+def build_accelerator(train: TrainConfig) -> Accelerator:
+    """Accelerate for this process (plain, `accelerate launch` or torchrun), with `train.mixed_precision`
+    resolved for the device (`auto`: see train/precision.py) and `train.tf32` applied."""
+    # Without an accelerator device, Accelerate only sees torchrun's/launch's ranks when told cpu=True.
+    accelerated = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) \
+        or torch.backends.mps.is_available()
+    device_type = "cuda" if torch.cuda.is_available() else ("cpu" if not accelerated else "other")
+    check_precision_for_device(train.mixed_precision, device_type)
+    mixed_precision = choose_mixed_precision(train.mixed_precision, device_type if device_type != "other" else "meta")
+    set_tf32(train.tf32)
+    try:
+        return Accelerator(mixed_precision=mixed_precision, cpu=not accelerated)
+    except (ValueError, RuntimeError) as error:
+        raise ConfigError(f"Config key 'train.mixed_precision' ({train.mixed_precision!r}, here {mixed_precision!r}) "
+                          f"is not usable here: {error}") from None
+
+
+def schedule_length(config: Config, prepared, epoch_length: int, micro_batch_size: int, world_size: int) -> int:
+    """Length of the lr schedule: max_steps, or max_tokens over the estimated tokens per step."""
+    train = config.train
+    if train.max_tokens is None:
+        return int(train.max_steps)
+    split = prepared.manifest["splits"]["train"]
+    instances = max(epoch_length * micro_batch_size * world_size, 1)
+    tokens_per_epoch = int(split["tokens"]) + 3 * instances  # [CLS] [SEP] [SEP] per instance
+    steps_per_epoch = max(epoch_length / train.gradient_accumulation_steps, 1e-9)
+    return max(1, math.ceil(train.max_tokens / (tokens_per_epoch / steps_per_epoch)))
+
+
+def write_run_files(run_dir: Path, config: Config, prepared, state: TrainState, resume_path: Path | None,
+                    console: Console) -> None:
+    """RUN_DIR's config, tokenizer copy and metrics (cut back to the resumed step); rank 0 calls it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_yaml(config))
+    tokenizer_copy = run_dir / "tokenizer"
+    if prepared.tokenizer_dir.is_dir():
+        shutil.rmtree(tokenizer_copy, ignore_errors=True)
+        shutil.copytree(prepared.tokenizer_dir, tokenizer_copy)
+    dropped = truncate_metrics(run_dir, state.step)
+    if resume_path is not None:
+        console.print(f"Resuming from {resume_path} (step {state.step}, epoch {state.epoch}, "
+                      f"micro-batch {state.micro_batch})"
+                      + (f"; dropped {dropped} metric records written after it" if dropped else ""), highlight=False)
+
+
+def lock_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
+    """Hold RUN_DIR/.lock until `held` closes (rank 0, the whole run): a second run into the same RUN_DIR
+    stops with a DataError naming the holder. The kernel drops the lock when its process dies, kill -9 too."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(exclusive_lock(run_dir / LOCK_FILE, wait=False))
+    except LockHeld as holder:
+        raise DataError(
+            f"RUN_DIR {run_dir} is in use: another run is training into it ({holder}). Two runs in one RUN_DIR "
+            f"would overwrite each other's checkpoints and metrics. Wait for that run to end or stop it (SIGTERM: "
+            f"it saves a checkpoint and exits 75), or choose another --run-dir. Nothing needs removing by hand: "
+            f"the lock ({run_dir / LOCK_FILE}) goes when its process ends, kill -9 included.") from None
+    except OSError as error:
+        raise write_error(error, f"locking RUN_DIR {run_dir}", run_dir) from None

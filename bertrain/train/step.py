@@ -1,0 +1,177 @@
+"""One optimizer step's forward and backward passes, with losses normalized over the whole step, and
+the optimizer update that skips a non-finite step without reading anything back from the device.
+
+The model divides each micro-batch's summed losses by (global count / world size), where the global
+count is the step's predicted tokens (instances) over all ranks and micro-batches: DDP averages
+gradients over ranks, so 2 ranks x B, 1 rank x 2B and k accumulation steps of B/k give the same update.
+
+No host synchronisation between the batch arriving and the optimizer step (issue 14): the counts come
+from each batch's BatchLayout (Python ints the collator computed), metrics and the finiteness flag stay
+on the device (StepResult, NonFiniteWatch) and the loop reads them at log and save time only; the
+optimizer skips a non-finite update through its `found_inf` input. Between processes the counts and
+the stop flag are summed on the host (gloo, CPU tensors): a rendezvous of the ranks, never a device read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from bertrain.model.layout import layout_of
+from bertrain.train.fault_hooks import kill_now
+from bertrain.train.signals import stop_requested
+
+_host_group = None
+
+
+def all_reduce_sum(accelerator, values: list[float]) -> list[float]:
+    """`values` summed over all processes (float64); reads them back to the host."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
+    if accelerator.num_processes > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def host_sum(accelerator, values: list[int]) -> list[int]:
+    """Host ints summed over all processes through a CPU (gloo) group: no device involved."""
+    global _host_group
+    if accelerator.num_processes == 1:
+        return list(values)
+    if dist.get_backend() != "gloo" and _host_group is None:
+        _host_group = dist.new_group(backend="gloo")  # collective: every rank reaches it at its first step
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=_host_group if dist.get_backend() != "gloo" else None)
+    return [int(v) for v in tensor.numpy()]
+
+
+@dataclass
+class StepResult:
+    """One step: host counts (global) and device values nobody has read yet (read() does, at log time)."""
+
+    tokens: int
+    samples: int
+    predicted: int
+    labelled: int
+    has_sentence: bool
+    stop: bool
+    sums: torch.Tensor       # [4] float64, this rank: MLM loss sum, MLM correct, sentence loss sum, correct
+    grad_norm: torch.Tensor  # global, after DDP's all-reduce
+    finite: torch.Tensor     # bool, the same on every rank: loss and gradient norm finite
+
+    def read(self, accelerator) -> dict:
+        """The step's metrics as floats (one device read; an all-reduce of the sums first with several ranks)."""
+        sums = self.sums
+        if accelerator.num_processes > 1:
+            sums = sums.clone()
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        mlm_sum, mlm_correct, sentence_sum, sentence_correct, grad_norm = torch.cat(
+            [sums, self.grad_norm.detach().double().reshape(1)]).tolist()
+        predicted, labelled = max(self.predicted, 1), max(self.labelled, 1)
+        mlm_loss = mlm_sum / predicted
+        sentence_loss = sentence_sum / labelled if self.has_sentence else None
+        return {"loss": mlm_loss + (sentence_loss or 0.0), "mlm_loss": mlm_loss, "sentence_loss": sentence_loss,
+                "mlm_accuracy": mlm_correct / predicted,
+                "sentence_accuracy": sentence_correct / labelled if self.has_sentence else None,
+                "grad_norm": grad_norm}
+
+
+def _metric_sums(out, device) -> torch.Tensor:
+    """[MLM loss sum, MLM correct, sentence loss sum, sentence correct] of one micro-batch, float64."""
+    zero = torch.zeros((), device=device)
+    sums = [out.mlm_loss_sum, out.mlm_correct,
+            zero if out.sentence_loss_sum is None else out.sentence_loss_sum,
+            zero if out.sentence_correct is None else out.sentence_correct]
+    return torch.stack([s.to(torch.float64) for s in sums])
+
+
+def _with_layout(batch: dict) -> dict:
+    """The batch with its BatchLayout (built here, with host reads, when the loader did not)."""
+    if "layout" not in batch:
+        batch = dict(batch, layout=layout_of(batch["attention_mask"], batch["labels"], batch.get("sentence_label")))
+    return batch
+
+
+def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None,
+               signal_hook: bool = False) -> StepResult:
+    """Forward/backward over this step's micro-batches; no value is read back from the device. The
+    optimizer is not stepped here (optimizer_step). signal_hook: SIGTERM this process before the last
+    backward (tests)."""
+    world, device = accelerator.num_processes, accelerator.device
+    batches = [_with_layout(b) for b in batches]
+    layouts = [b["layout"] for b in batches]
+    has_sentence = "sentence_label" in batches[0]
+    # Instances without a sentence label (-100: one-sentence documents, see data/pairs.py) train MLM only.
+    predicted, instances, labelled, tokens = host_sum(accelerator, [
+        sum(x.predicted for x in layouts), sum(x.batch_size for x in layouts),
+        sum(x.labelled for x in layouts) if has_sentence else 0, sum(x.real_tokens for x in layouts)])
+    normalizers = {"mlm_normalizer": max(predicted, 1.0) / world, "sentence_normalizer": max(labelled, 1.0) / world}
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    non_blocking = device.type == "cuda"  # the loader pins batches for a CUDA device
+    for index, batch in enumerate(batches):
+        batch = {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+        last = index == len(batches) - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                        sentence_label=batch.get("sentence_label"), layout=batch["layout"], **normalizers)
+            sums += _metric_sums(out, device)
+            if signal_hook and last:
+                kill_now(signal.SIGTERM)
+            accelerator.backward(out.loss)
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(),
+                                            max_grad_norm if max_grad_norm is not None else float("inf"))
+    finite = torch.isfinite(sums[0] + sums[2]) & torch.isfinite(grad_norm)
+    if world > 1:  # every rank must skip alike: a NaN loss on one rank may leave finite all-reduced gradients
+        bad = (~finite).to(torch.int32)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        finite = bad == 0
+    (stops,) = host_sum(accelerator, [1 if stop_requested() else 0])
+    return StepResult(tokens, instances, predicted, labelled, has_sentence, stops > 0, sums, grad_norm, finite)
+
+
+def optimizer_step(optimizer, finite: torch.Tensor, scaler) -> bool:
+    """Step (then zero the gradients) so that nothing changes where `finite` is False, without reading it
+    when the optimizer takes a `found_inf` input (torch's fused AdamW, our LAMB: it then leaves parameters,
+    moments and step counts as they were). Other optimizers read the flag: one device sync per step. With a
+    gradient scaler (fp16) the scaler skips overflowing steps itself. Returns whether the step counts."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's AcceleratedOptimizer
+    applied = True
+    if scaler is not None:
+        optimizer.step()
+        applied = not getattr(optimizer, "step_was_skipped", False)
+    elif getattr(inner, "accepts_found_inf", False) or (
+            getattr(inner, "_step_supports_amp_scaling", False) and getattr(inner, "defaults", {}).get("fused")):
+        inner.found_inf = (~finite).to(torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf
+    elif bool(finite):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return applied
+
+
+class NonFiniteWatch:
+    """Skipped (non-finite) steps counted on the device; read() at log and save time only."""
+
+    def __init__(self) -> None:
+        self.counts: torch.Tensor | None = None  # [2] int64: skipped since the last read, skipped in a row now
+
+    def add(self, finite: torch.Tensor) -> None:
+        bad = (~finite).to(torch.int64)
+        if self.counts is None:
+            self.counts = torch.zeros(2, dtype=torch.int64, device=finite.device)
+        self.counts = torch.stack([self.counts[0] + bad, (self.counts[1] + 1) * bad])
+
+    def read(self) -> tuple[int, int]:
+        """(steps skipped since the last read, steps skipped in a row up to now); one device read."""
+        if self.counts is None:
+            return 0, 0
+        since, in_a_row = self.counts.tolist()
+        self.counts = torch.stack([torch.zeros_like(self.counts[0]), self.counts[1]])
+        return since, in_a_row

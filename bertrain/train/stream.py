@@ -1,0 +1,57 @@
+"""This rank's training micro-batches across epochs, started in O(1) at a saved position.
+
+The data is a pure function of (seed, epoch, micro-batch index) and never draws from the global
+torch RNG, so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from bertrain.data.loader import build_train_loader, num_micro_batches
+from bertrain.errors import DataError
+from bertrain.train.state import isolated_torch_rng
+
+
+class TrainStream:
+    """This rank's micro-batches from a saved (epoch, micro_batch) position on, across epochs."""
+
+    def __init__(self, prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int,
+                 epoch: int, micro_batch: int, layout: Callable | None = None, pin_memory: bool = False) -> None:
+        """layout: the model's batch_layout, built by the collator into each batch (key "layout");
+        pin_memory: page-locked batches, for non_blocking copies to a CUDA device."""
+        self.prepared, self.data_config, self.seed = prepared, data_config, seed
+        self.layout, self.pin_memory = layout, pin_memory
+        self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
+        self.epoch, self.micro_batch = epoch, micro_batch
+        self._iterator: Iterator | None = None
+        self._epoch_lengths: dict[int, int] = {}
+
+    def epoch_length(self, epoch: int) -> int:
+        """Global micro-batches in `epoch` (the same on every rank)."""
+        if epoch not in self._epoch_lengths:
+            with isolated_torch_rng():
+                length = num_micro_batches(self.prepared, self.data_config, seed=self.seed, epoch=epoch,
+                                           micro_batch_size=self.micro_batch_size, world_size=self.world_size)
+            if length == 0:  # never cached: every call for such an epoch refuses it
+                raise DataError(
+                    f"{self.prepared.path}: the training split yields no complete micro-batch of "
+                    f"{self.micro_batch_size} x {self.world_size} instances. Use a smaller train.batch_size "
+                    f"or more data.")
+            self._epoch_lengths[epoch] = length
+        return self._epoch_lengths[epoch]
+
+    def next(self) -> dict:
+        """The next micro-batch; (epoch, micro_batch) then points after it."""
+        with isolated_torch_rng():
+            if self.micro_batch >= self.epoch_length(self.epoch):
+                self.epoch, self.micro_batch, self._iterator = self.epoch + 1, 0, None
+                self.epoch_length(self.epoch)  # refuses an epoch with no complete micro-batch
+            if self._iterator is None:
+                self._iterator = iter(build_train_loader(
+                    self.prepared, self.data_config, seed=self.seed, epoch=self.epoch,
+                    micro_batch_size=self.micro_batch_size, rank=self.rank, world_size=self.world_size,
+                    start_micro_batch=self.micro_batch, layout=self.layout, pin_memory=self.pin_memory))
+            batch = next(self._iterator)
+        self.micro_batch += 1
+        return batch

@@ -1,0 +1,49 @@
+"""The benchmarks run to the end on a CPU (tiny shapes) and print a table of positive figures."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def numbers(line: str) -> list[float]:
+    return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", line)]
+
+
+def test_gpu_step_runs_on_cpu_with_a_tiny_shape():
+    out = run("gpu_step.py", "--device", "cpu", "--shapes", "tiny", "--seqs", "32,64", "--batch", "2",
+              "--rounds", "1", "--repeats", "1", "--gemm-size", "128")
+    assert "ours seq/s" in out and "hf seq/s" in out and "fp32" in out
+    rows = [line for line in out.splitlines() if line.startswith("tiny ")]
+    assert [numbers(row)[:2] for row in rows] == [[32, 2], [64, 2]]
+    for row in rows:  # seq/s ours and hf, speed-up, MFU ours and hf, peak
+        assert all(value > 0 for value in numbers(row)[2:]), row
+
+
+@pytest.mark.slow  # ~60 s on the shared 2-core CPU
+def test_optimizer_step_prints_lamb_against_fused_adamw():
+    out = run("optimizer_step.py", "--config", "tiny_bert", "--rounds", "2", "--per-parameter")
+    table = {line.rsplit(None, 2)[0]: numbers(line.rsplit(None, 2)[1] + " " + line.rsplit(None, 2)[2])
+             for line in out.splitlines() if line.endswith("x")}
+    assert set(table) == {"fused AdamW", "LAMB", "per-parameter LAMB"}
+    assert table["fused AdamW"][1] == 1.0 and all(ms > 0 and ratio > 0 for ms, ratio in table.values())
+
+
+@pytest.mark.slow  # ~60 s on the shared 2-core CPU
+def test_model_step_finishes_without_native_bf16():
+    out = run("model_step.py", "--shapes", "tiny", "--rounds", "1")
+    rows = [line for line in out.splitlines() if line.startswith("tiny ")]
+    assert len(rows) == 1 and " fp32 " in rows[0] and all(value > 0 for value in numbers(rows[0])[1:])

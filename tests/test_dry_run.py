@@ -1,0 +1,140 @@
+"""`pretrain --dry-run` (issue 16.1, 15.8): figures at once, at most one micro-batch measured, and only when
+that is quick, a signal ends it at once, nothing written."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bertrain.train import dry_run
+from tests.helpers import ROOT, explain, pretrain_env, write_config
+from tests.helpers_data import make_prepared_dir
+
+# albert_base as shipped wants 4096 x 512 per micro-batch; 128 accumulation steps make it 32 x 512, the
+# size a small test corpus can fill (the dry run must still never run a step at that size on this CPU).
+ALBERT_BASE = ("--config", "albert_base", "--set", "train.gradient_accumulation_steps=128")
+
+
+@pytest.fixture(scope="module")
+def unigram_data(tmp_path_factory):
+    return make_prepared_dir(tmp_path_factory.mktemp("data") / "unigram", kind="unigram", num_documents=120)
+
+
+def _dry_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertrain", "pretrain", *args, "--dry-run"], cwd=ROOT,
+                          env=env or pretrain_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_albert_base_dry_run_prints_figures_first_and_measures_at_most_one_micro_batch(unigram_data, tmp_path):
+    run_dir = tmp_path / "R"
+    result = _dry_run(*ALBERT_BASE, "--data", str(unigram_data), "--run-dir", str(run_dir))
+    assert result.returncode == 0, explain(result)
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for figure in ("parameters", "tokens per epoch", "steps per epoch", "total steps 125,000", "epochs",
+                   "checkpoint size", "disk needed", "micro-batch per process 32 x 128 accumulation"):
+        assert figure in text, figure
+    # Either the estimate is skipped, saying why, or one micro-batch of 32 (never the 4096 of a step) is measured.
+    skipped, measured = "estimate skipped: one micro-batch (32 x 512 tokens" in text, \
+        "measuring one micro-batch (32 x 512 tokens" in text
+    assert skipped != measured, text
+    assert text.index("disk needed") < text.index("estimate skipped" if skipped else "measuring one micro-batch")
+    assert not run_dir.exists()
+
+
+def test_the_estimate_is_skipped_when_one_micro_batch_is_slow_here(run_cli, unigram_data, tmp_path, monkeypatch,
+                                                                   fresh_accelerate):
+    monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: 1e9)  # a 1 GFLOP/s device
+    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: pytest.fail("measured a slow micro-batch"))
+    code, out, err = run_cli("pretrain", *ALBERT_BASE, "--data", str(unigram_data), "--run-dir", str(tmp_path / "R"),
+                             "--dry-run")
+    assert code == 0, err
+    text = " ".join(out.split())
+    flops = dry_run.training_flops(_albert_base_model(unigram_data), 32, 512, 0.15)
+    assert f"{flops / 1e12:,.1f} TFLOP" in text and "over the 10 s a dry run spends" in text
+    assert "rough time from FLOPs alone (not measured)" in text and "measuring" not in text
+    assert not (tmp_path / "R").exists()
+
+
+def test_a_quick_micro_batch_is_measured_once_at_its_own_size(run_cli, tiny_data, tmp_path, monkeypatch,
+                                                             fresh_accelerate):
+    calls = []
+    monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: 1e15)
+    monkeypatch.setattr(dry_run, "measure_micro_batch",
+                        lambda model, accelerator, batch, warmup_rows=1: calls.append(batch["input_ids"].shape) or 0.5)
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 40, "gradient_accumulation_steps": 2})
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                             str(tmp_path / "R"), "--dry-run")
+    assert code == 0, err
+    assert len(calls) == 1 and calls[0][0] == 4  # batch 8 over 2 accumulation steps
+    text = " ".join(out.replace("│", " ").split())
+    assert "measuring one micro-batch (4 x 64 tokens" in text
+    assert "measured step time 1.000 s (2 micro-batch(es))" in text and "estimated time 0m40s" in text
+
+
+def test_sigterm_ends_a_dry_run_at_once_with_its_figures(tiny_data, tmp_path):
+    config = write_config(tmp_path / "tiny.yaml")
+    env = pretrain_env(BERTRAIN_TEST_STEP_DELAY="600")  # the measured micro-batch would take 10 minutes
+    process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
+                                str(tiny_data), "--run-dir", str(tmp_path / "R"), "--dry-run"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "measuring one micro-batch" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    out = "".join(lines) + out
+    assert process.returncode == 128 + signal.SIGTERM, out + err
+    assert "disk needed" in out and "pretrain --dry-run stopped by SIGTERM; exit code 143" in err
+    assert not (tmp_path / "R").exists()
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_a_signal_received_during_setup_ends_the_dry_run_on_entry():
+    result = _run_python("import os, signal\n"
+                         "from bertrain.train import signals\n"
+                         "signals.install_handlers()\n"
+                         "os.kill(os.getpid(), signal.SIGTERM)\n"  # recorded only: training would finish its step
+                         "assert signals.stop_requested()\n"
+                         "with signals.stop_at_once('pretrain --dry-run'):\n"
+                         "    print('not reached')\n")
+    assert result.returncode == 143 and "not reached" not in result.stdout
+    assert "pretrain --dry-run stopped by SIGTERM" in result.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_the_first_signal_ends_a_dry_run_started_from_the_command_line(sig):
+    # What bertrain.cli installs before `import torch` when the command line has --dry-run.
+    result = _run_python("import os, sys, time\n"
+                         "sys.argv = ['bertrain', 'pretrain', '--dry-run']\n"
+                         "from bertrain.train import signals\n"
+                         "signals.install_handlers()\n"
+                         f"os.kill(os.getpid(), {int(sig)})\n"
+                         "time.sleep(30)\n"
+                         "print('still alive')\n")
+    assert result.returncode == 128 + sig and "still alive" not in result.stdout
+
+
+def test_stop_at_once_gives_the_handlers_back():
+    before = signal.getsignal(signal.SIGINT)
+    from bertrain.train.signals import stop_at_once
+
+    with stop_at_once("test"):
+        assert signal.getsignal(signal.SIGINT) is not before
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def _albert_base_model(data):
+    from bertrain.config import load_config
+    from bertrain.data.format import open_prepared
+
+    model = load_config("albert_base").model
+    model.vocab_size = open_prepared(data).vocab_size
+    return model

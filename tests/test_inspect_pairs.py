@@ -1,0 +1,34 @@
+"""`inspect --pairs` (issue 16.7): statistics over enough tokens to mean something, with the sample size printed."""
+
+from __future__ import annotations
+
+import io
+
+from bertrain.config import load_config
+from bertrain.console import make_console
+from bertrain.data.inspect_pairs import MIN_STATISTICS_TOKENS, show_pairs
+from tests.helpers_data import make_prepared_dir
+
+
+def test_statistics_cover_at_least_min_tokens_and_say_how_many(tmp_path):
+    data = make_prepared_dir(tmp_path / "data", kind="unigram", num_documents=120)
+    out = io.StringIO()
+    stats = show_pairs(data, load_config("tiny_albert", ["train.batch_size=16"]), 1, make_console(file=out))
+    text = " ".join(out.getvalue().split())
+    assert stats["tokens"] >= MIN_STATISTICS_TOKENS and stats["batches"] > 1  # not one batch of 16
+    assert stats["instances"] == 16 * stats["batches"]
+    assert (f"Realized statistics over {int(stats['instances']):,} instances ({int(stats['tokens']):,} tokens, "
+            f"{int(stats['masked_positions']):,} masked positions; {int(stats['batches'])} batch(es) of 16") in text
+    # ~3,000 masked positions: the realized shares sit near the configured 15% and 80/10/10.
+    assert stats["masked_positions"] > 2000
+    assert abs(stats["masked_fraction_of_eligible"] - 0.15) < 0.03
+    assert abs(stats["mask_share"] - 0.8) < 0.05 and abs(stats["random_share"] - 0.1) < 0.04
+
+
+def test_a_small_corpus_is_used_whole(tmp_path):
+    data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=40, max_paragraphs=200)
+    out = io.StringIO()
+    stats = show_pairs(data, load_config("tiny_bert", ["train.batch_size=8"]), 1, make_console(file=out))
+    assert stats["tokens"] < MIN_STATISTICS_TOKENS and stats["batches"] * 8 <= stats["instances_per_epoch"] < \
+        (stats["batches"] + 1) * 8
+    assert "the whole epoch" in out.getvalue()

@@ -1,0 +1,101 @@
+"""The multi-tensor LAMB (bertrain/train/lamb.py) against the per-parameter LAMB loop it replaces."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bertrain.config import ModelConfig
+from bertrain.model import build_model
+from bertrain.train.lamb import Lamb
+from bertrain.train.optim import parameter_groups
+from tests.reference_lamb import ReferenceLamb
+
+
+def tiny_model(kind: str):
+    config = ModelConfig(type=kind, vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0, embedding_size=16 if kind == "albert" else None)
+    torch.manual_seed(0)
+    return build_model(config)
+
+
+def groups_of(model) -> list[dict]:
+    """Two groups, weight decay 0.1 on matrices and none on biases / LayerNorm (zero biases: ratio 1)."""
+    return [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.1)]
+
+
+def run_steps(models_and_optimizers, steps: int, seed: int = 1, skip: str | None = None) -> None:
+    """The same random gradients for every model (none for parameters named `skip`), then a step each."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        grads = {name: torch.randn(p.shape, generator=generator) * 0.1
+                 for name, p in models_and_optimizers[0][0].named_parameters()}
+        for model, optimizer in models_and_optimizers:
+            for name, param in model.named_parameters():
+                param.grad = None if name == skip else grads[name].clone()
+            optimizer.step()
+
+
+def assert_same(model_a, model_b, optimizer_a, optimizer_b, tolerance=1e-6) -> None:
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.allclose(a, b, rtol=0, atol=tolerance), (name, float((a - b).abs().max()))
+    state_a, state_b = optimizer_a.state_dict(), optimizer_b.state_dict()
+    assert state_a["param_groups"] == state_b["param_groups"]
+    assert state_a["state"].keys() == state_b["state"].keys()
+    for index, entry in state_a["state"].items():
+        assert entry.keys() == state_b["state"][index].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        for key, value in entry.items():
+            other = state_b["state"][index][key]
+            assert value.dtype == other.dtype == torch.float32 and value.shape == other.shape
+            assert torch.allclose(value, other, rtol=1e-5, atol=1e-7), (index, key, float((value - other).abs().max()))
+
+
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_lamb_equals_per_parameter_lamb(kind):
+    reference_model = tiny_model(kind)
+    model = copy.deepcopy(reference_model)
+    reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
+    moved = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
+    assert moved > 1e-3  # the steps did change the weights
+    assert_same(reference_model, model, reference, optimizer)
+
+
+def test_lamb_without_fused_kernel_uses_foreach_ops_with_same_result(monkeypatch):
+    def unavailable(*args, **kwargs):
+        raise NotImplementedError("no fused adam here")
+
+    monkeypatch.setattr(torch, "_fused_adam_", unavailable)
+    reference_model = tiny_model("bert")
+    model = copy.deepcopy(reference_model)
+    reference, optimizer = ReferenceLamb(groups_of(reference_model), lr=1e-2), Lamb(groups_of(model), lr=1e-2)
+    run_steps([(reference_model, reference), (model, optimizer)], steps=4)
+    assert_same(reference_model, model, reference, optimizer)
+
+
+def test_lamb_resumes_from_a_per_parameter_lamb_checkpoint():
+    reference_model = tiny_model("albert")
+    reference = ReferenceLamb(groups_of(reference_model), lr=1e-2)
+    run_steps([(reference_model, reference)], steps=3)
+    model = copy.deepcopy(reference_model)
+    optimizer = Lamb(groups_of(model), lr=1e-2)
+    optimizer.load_state_dict(copy.deepcopy(reference.state_dict()))
+    run_steps([(reference_model, reference), (model, optimizer)], steps=3, seed=2)
+    assert_same(reference_model, model, reference, optimizer)
+
+
+def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch):
+    model = tiny_model("bert")
+    optimizer = Lamb(groups_of(model), lr=1e-2)
+    run_steps([(model, optimizer)], steps=1)  # state created
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("the LAMB step read a tensor value on the host")
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    run_steps([(model, optimizer)], steps=2)

@@ -1,0 +1,263 @@
+"""`bertrain launch` hands the workers' exit code (0/1/2/75) to the job script; workers stop when their launcher dies.
+
+Plain torchrun ends with exit 1 after a preemption the workers handled (75) or a bad config (2): the
+multi-process tests check that `bertrain launch` returns the workers' codes instead. Fake launchers (a
+few lines of Python) test the plumbing, signal forwarding and parent death without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bertrain.exit_status import STATUS_DIR_ENV, WorkerExit, combine, read_exits, record_exit
+from bertrain.train.parent_watch import watch_parent
+from tests.helpers import ROOT, explain, pretrain_env, write_config
+
+WAIT = 300  # seconds: generous, for a loaded machine; no test measures time
+
+
+def wait_for(path: Path, timeout: float = WAIT) -> str:
+    """The text of `path` once it exists (polling), or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    time.sleep(0.05)  # let the writer finish its short line
+    return path.read_text()
+
+
+def launch(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bertrain", "launch", *args], env=env or pretrain_env(), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finish(process: subprocess.Popen, timeout: float = WAIT) -> subprocess.CompletedProcess:
+    out, err = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+# ---------------------------------------------------------------------------------------------
+# How worker codes combine
+# ---------------------------------------------------------------------------------------------
+
+
+def workers(*codes: int, local_world_size: int | None = None) -> list[WorkerExit]:
+    size = local_world_size or len(codes)
+    return [WorkerExit(rank, code, size) for rank, code in enumerate(codes)]
+
+
+@pytest.mark.parametrize("codes, launcher, expected", [
+    ((75, 75), 1, 75),      # preemption handled by every worker; torchrun said 1
+    ((2, 2), 1, 2),         # bad config on every rank
+    ((2, 1), 1, 2),         # a config error explains the other rank's failure
+    ((75, 1), 1, 1),        # one rank failed: no requeue on a crash
+    ((0, 75), 1, 75),       # a rank that had finished does not hide the checkpointed stop
+    ((0, 0), 0, 0),
+    ((130, 130), 1, 130),   # Ctrl-C: the workers' own code
+    ((75, 130), 1, 1),      # different stops: an error
+    ((), 7, 7),             # nobody wrote: the launcher's code
+])
+def test_worker_codes_combine_into_the_job_code(codes, launcher, expected):
+    code, reason = combine(workers(*codes), launcher)
+    assert code == expected, reason
+    assert reason
+
+
+def test_a_silent_worker_turns_success_into_an_error_but_keeps_a_requeue():
+    code, reason = combine(workers(0, local_world_size=2), launcher_code=1)
+    assert code == 1 and "1 of 2 worker(s) ended without a status" in reason
+    code, reason = combine(workers(75, local_world_size=2), launcher_code=1)
+    assert code == 75 and "requeue" in reason
+
+
+def test_record_exit_writes_one_file_per_rank_and_nothing_without_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(STATUS_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    record_exit(75)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv(STATUS_DIR_ENV, str(tmp_path))
+    for rank, code in ((1, 75), (0, 2)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        record_exit(code)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["rank-0.json", "rank-1.json"]  # no temporary left
+    assert json.loads((tmp_path / "rank-1.json").read_text())["code"] == 75
+    (tmp_path / "rank-2.json").write_text('{"rank": 2, "co')  # torn: that worker counts as silent
+    assert read_exits(tmp_path) == [WorkerExit(0, 2, 2), WorkerExit(1, 75, 2)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch command with fake launchers (no torch)
+# ---------------------------------------------------------------------------------------------
+
+# Plays torchrun: two "workers" record their codes, then the launcher itself fails the way torchrun does.
+FAKE_LAUNCHER = """
+import os, sys
+from bertrain.exit_status import record_exit
+for rank, code in enumerate(sys.argv[1:]):
+    os.environ.update(RANK=str(rank), LOCAL_WORLD_SIZE=str(len(sys.argv) - 1))
+    record_exit(int(code))
+sys.exit(1)
+"""
+
+# Waits for a signal; on SIGTERM its "workers" checkpoint and record 75; dies on SIGKILL of its parent.
+WAITING_LAUNCHER = """
+import os, signal, sys, time
+from pathlib import Path
+from bertrain.exit_status import record_exit
+def stop(signum, frame):
+    Path(sys.argv[2]).write_text(signal.Signals(signum).name)
+    record_exit(75)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGUSR1, stop)
+Path(sys.argv[1]).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("codes, expected", [(("75", "75"), 75), (("2", "2"), 2), (("0", "0"), 0), (("0", "1"), 1)])
+def test_launch_exits_with_what_the_workers_recorded(codes, expected):
+    result = finish(launch(sys.executable, "-c", FAKE_LAUNCHER, *codes))
+    assert result.returncode == expected, explain(result)
+    assert f"bertrain launch: exit {expected}:" in result.stderr
+
+
+def test_launch_without_status_files_keeps_the_launchers_code():
+    result = finish(launch(sys.executable, "-c", "import sys; sys.exit(7)"))
+    assert result.returncode == 7, explain(result)
+    assert "no worker recorded an exit status" in result.stderr
+
+
+def test_launch_refuses_a_missing_command_or_launcher(run_cli):
+    code, _, err = run_cli("launch")
+    assert code == 2 and "needs a command" in " ".join(err.split())
+    code, _, err = run_cli("launch", "no-such-launcher-4711", "--nproc_per_node", "2")
+    assert code == 2 and "no-such-launcher-4711" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_launch_reaches_the_launcher_and_gives_75(tmp_path, sig):
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    process = launch(sys.executable, "-c", WAITING_LAUNCHER, str(ready), str(got))
+    try:
+        wait_for(ready)
+        process.send_signal(sig)
+        result = finish(process)
+    finally:
+        process.kill()
+    assert got.read_text() == sig.name
+    assert result.returncode == 75, explain(result)
+
+
+def test_kill_9_of_launch_stops_the_launcher(tmp_path):
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    process = launch(sys.executable, "-c", WAITING_LAUNCHER, str(ready), str(got))
+    launcher = int(wait_for(ready))
+    try:
+        process.kill()
+        process.communicate(timeout=WAIT)
+        assert wait_for(got, timeout=60) == "SIGTERM"
+    finally:
+        try:
+            os.kill(launcher, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent death (bertrain.train.parent_watch)
+# ---------------------------------------------------------------------------------------------
+
+WORKER = """
+import os, signal, sys, time
+from pathlib import Path
+from bertrain.train.parent_watch import watch_parent
+got = Path(sys.argv[2])
+def orphaned():
+    got.write_text("callback")
+def stopped(signum, frame):
+    got.write_text(signal.Signals(signum).name)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stopped)
+assert watch_parent(orphaned if sys.argv[3] == "callback" else None, poll_seconds=0.05)
+Path(sys.argv[1]).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+# The worker's launcher: starts it, then waits to be killed.
+PARENT = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c'] + sys.argv[1:]); time.sleep(600)"
+
+
+@pytest.mark.parametrize("mode, expected", [("default", "SIGTERM"), ("callback", "callback")])
+def test_a_worker_whose_launcher_is_killed_9_is_told(tmp_path, mode, expected):
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, WORKER, str(ready), str(got), mode],
+                              env=pretrain_env(LOCAL_RANK="0"), cwd=ROOT)
+    worker = int(wait_for(ready))
+    try:
+        assert not got.exists()
+        parent.kill()
+        parent.wait(timeout=WAIT)
+        assert wait_for(got, timeout=60) == expected
+    finally:
+        parent.kill()
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_parent_watch_is_off_outside_a_launcher(monkeypatch):
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert watch_parent() is False
+
+
+# ---------------------------------------------------------------------------------------------
+# Real launchers, 2 CPU processes (gloo)
+# ---------------------------------------------------------------------------------------------
+
+
+def torchrun(*bertrain_args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "bertrain",
+            *bertrain_args]
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+    return write_config(tmp_path_factory.mktemp("launch") / "tiny.yaml",
+                        train={"max_steps": 4, "save_every": 4, "eval_every": 0})
+
+
+@pytest.mark.multiprocess
+def test_a_bad_config_under_torchrun_exits_2(tiny_data, tiny_config, tmp_path):
+    result = finish(launch(*torchrun("pretrain", "--config", str(tiny_config), "--data", str(tiny_data),
+                                     "--run-dir", str(tmp_path / "run"), "--set", "optim.learning_rate=1")))
+    assert "ChildFailedError" in result.stderr  # torchrun itself failed with 1 …
+    assert result.returncode == 2, explain(result)  # … the job script sees the workers' 2
+    assert "bertrain launch: exit 2: rank(s) 0,1 refused the config" in " ".join(result.stderr.split())
+
+
+@pytest.mark.multiprocess
+def test_a_preempted_torchrun_run_exits_75_with_its_checkpoint_then_finishes_with_0(tiny_data, tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ("pretrain", "--config", str(tiny_config), "--data", str(tiny_data), "--run-dir", str(run_dir))
+    # Rank 0 receives SIGTERM during step 2; both ranks save step 2 and exit 75.
+    result = finish(launch(*torchrun(*args), env=pretrain_env(BERTRAIN_TEST_SIGNAL_AT_STEP="2")))
+    assert result.returncode == 75, explain(result)
+    assert "ChildFailedError" in result.stderr  # what plain torchrun ends with (exit 1)
+    checkpoint = run_dir / "checkpoints" / "step-00000002"
+    assert (checkpoint / "rng-rank00001.json").is_file() and (checkpoint / "model.safetensors").is_file()
+    # The requeued job: the same command through the short form finishes the run.
+    result = finish(launch("--nproc", "2", *args))
+    assert result.returncode == 0, explain(result)
+    assert "bertrain launch: exit 0: all 2 worker(s) finished" in result.stderr
+    assert (run_dir / "checkpoints" / "step-00000004" / "rng-rank00001.json").is_file()
