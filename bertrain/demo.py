@@ -30,7 +30,7 @@ from bertrain.config import load_config, micro_batch_size_for
 from bertrain.console import make_console
 from bertrain.data.format import open_prepared
 from bertrain.data.sources.pydoc import write_pydoc_corpus
-from bertrain.data.tokenizer import load_tokenizer
+from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import EXIT_REQUEUE, BertrainError, Interrupted, UsageError
 from bertrain.model.fill_mask import fill_mask_words
 from bertrain.train.evaluate import validation_loader

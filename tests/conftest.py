@@ -28,7 +28,6 @@ def pydoc_text() -> str:
 @pytest.fixture
 def run_cli(monkeypatch):
     """Run the CLI in-process: returns (exit_code, stdout, stderr)."""
-    from typer.testing import CliRunner  # noqa: F401  (keeps typer's test helpers importable)
 
     def run(*args: str) -> tuple[int, str, str]:
         import contextlib

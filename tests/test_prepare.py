@@ -14,7 +14,7 @@ from bertrain.data.prepare import prepare_corpus
 from bertrain.data.prepare import shards as shards_module
 from bertrain.data.sources.normalize import normalize_document
 from bertrain.data.sources.pydoc import write_pydoc_corpus
-from bertrain.data.tokenizer import load_tokenizer
+from bertrain.tokenizer_file import load_tokenizer
 from tests.helpers_prepare import check_identity, stored_documents
 
 SPL = [["The cat sat on the mat.", "It was happy."], ["Dogs bark loudly.", "Birds sing songs."],

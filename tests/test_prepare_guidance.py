@@ -16,7 +16,7 @@ from bertrain.data.format import open_prepared
 from bertrain.data.prepare import prepare_corpus
 from bertrain.data.sources.normalize import normalize_document
 from bertrain.data.sources.pydoc import pydoc_documents, write_pydoc_corpus
-from bertrain.data.tokenizer import load_tokenizer
+from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import ConfigError
 from tests.helpers_prepare import check_identity, stored_documents
 

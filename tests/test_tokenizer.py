@@ -8,7 +8,8 @@ import pytest
 
 from bertrain.config import TokenizerConfig
 from bertrain.data.sources.pydoc import pydoc_paragraphs
-from bertrain.data.tokenizer import load_tokenizer, train_tokenizer
+from bertrain.data.tokenizer import train_tokenizer
+from bertrain.tokenizer_file import load_tokenizer
 from bertrain.special_tokens import SPECIAL_TOKENS
 from bertrain.errors import DataError
 

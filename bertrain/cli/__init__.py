@@ -19,7 +19,7 @@ def _command_modules() -> None:
     import bertrain.cli.model_commands  # noqa: F401
     import bertrain.cli.train_commands  # noqa: F401
     import bertrain.cli.demo_commands  # noqa: F401
-    import bertrain.cli.launch_commands  # noqa: F401  (issue 15.5)
+    import bertrain.cli.launch_commands  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,9 @@ def pretrain(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print parameters, tokens, steps, epochs and disk at once, "
                                  "then estimate the time from one micro-batch when that is quick; train and write "
                                  "nothing."),
+    check_resume: bool = typer.Option(False, "--check-resume", help="Check that this config and data resume bit "
+                                      "for bit: train 6 steps, then 3, stop, resume to 6 (fresh processes, a scratch "
+                                      "directory), compare losses and weights; exit 0 when equal, 1 when not."),
 ) -> None:
     """Pretrain BERT/ALBERT with MLM + NSP/SOP (Accelerate: plain, `accelerate launch` or `torchrun`).
 
@@ -43,6 +46,8 @@ def pretrain(
     Shipped configs: bertrain config list. A config's values and what each means: bertrain config show NAME --explain.
 
     Example: bertrain pretrain --config tiny_bert --data data/demo_bert --run-dir runs/tiny --set train.max_steps=200
+
+    Example: bertrain pretrain --config albert_base --data data/wiki --check-resume --set train.batch_size=64
     """
     from bertrain.config import load_config
     from bertrain.train.loop import pretrain as run_pretrain
@@ -50,6 +55,14 @@ def pretrain(
     check_pretrain_arguments(config, resume)
     resolved = load_config(config, overrides or [])
     _refuse_precision_this_machine_lacks(resolved.train.mixed_precision)
+    if check_resume:
+        from bertrain.errors import UsageError
+        from bertrain.train.check_resume import check_resume as run_check
+
+        if dry_run or run_dir or resume != "auto":
+            raise UsageError("--check-resume trains in a scratch directory of its own: leave out --dry-run, "
+                             "--run-dir and --resume.")
+        raise typer.Exit(run_check(config, list(overrides or []), data, console))
     run_pretrain(resolved, data_dir=data, run_dir=run_dir, resume=resume, force=force, dry_run=dry_run,
                  console=console, trust_checkpoint=trust_checkpoint)
 

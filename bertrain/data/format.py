@@ -33,7 +33,6 @@ import numpy as np
 
 from bertrain.errors import DataError
 from bertrain.files import write_atomic
-from bertrain.special_tokens import SPECIAL_TOKEN_NAMES
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")

@@ -9,7 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from bertrain.data.format import Split, open_prepared
-from bertrain.data.tokenizer import load_tokenizer
+from bertrain.tokenizer_file import load_tokenizer
 
 
 def sentence_lengths(split: Split) -> np.ndarray:

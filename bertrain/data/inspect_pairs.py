@@ -18,6 +18,7 @@ from bertrain.data.format import open_prepared
 from bertrain.data.loader import build_train_loader, epoch_plan
 from bertrain.data.pair_audit import DEFAULT_INSTANCES, WARNING_MARGIN, ProbeResult, audit_pairs
 from bertrain.errors import DataError
+from bertrain.tokenizer_file import load_tokenizer
 
 SAMPLES = 3
 # Statistics cover at least this many tokens (or the whole epoch): ~3,000 masked positions, so the 80/10/10
@@ -90,18 +91,7 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
     loader = build_train_loader(prepared, data_config, seed=seed, epoch=0, micro_batch_size=micro_batch_size,
                                 rank=0, world_size=1)
     dataset = loader.dataset
-    try:
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(prepared.tokenizer_dir / "tokenizer.json"))
-        vocab = tokenizer.get_vocab(with_added_tokens=True)
-    except Exception:  # still useful without a readable tokenizer: show ids
-        vocab = {}
-    tokens = [f"<{i}>" for i in range(prepared.vocab_size)]
-    for token, token_id in vocab.items():
-        if token_id < len(tokens):
-            tokens[token_id] = token
-
+    tokens = _token_strings(prepared)
     counts = dict(instances=0, labelled=0, positives=0, eligible=0, chosen=0, masked=0, randomized=0, tokens=0, cells=0)
     lengths = []
     mask_id = prepared.special_tokens["mask"]
@@ -152,14 +142,35 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         "tokens_per_instance_max": float(length.max()),
         "padding_fraction": 1 - counts["tokens"] / max(counts["cells"], 1),
     }
-    whole = "; the whole epoch" if len(lengths) == len(dataset) else ""
+    whole = len(lengths) == len(dataset)
+    _print_statistics(stats, counts, data_config, micro_batch_size, whole, console)
+    return stats
+
+
+def _token_strings(prepared) -> list[str]:
+    """Each id's token string (`<id>` where the tokenizer cannot be read: the figures stay useful)."""
+    try:
+        vocab = load_tokenizer(prepared.tokenizer_dir).get_vocab(with_added_tokens=True)
+    except DataError:
+        vocab = {}
+    tokens = [f"<{i}>" for i in range(prepared.vocab_size)]
+    for token, token_id in vocab.items():
+        if token_id < len(tokens):
+            tokens[token_id] = token
+    return tokens
+
+
+def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_config, micro_batch_size: int,
+                      whole: bool, console) -> None:
+    """The realized statistics next to the configured values, with the sample they come from."""
     table = Table(title=f"Realized statistics over {counts['instances']:,} instances ({counts['tokens']:,} tokens, "
-                        f"{counts['chosen']:,} masked positions; {len(lengths)} batch(es) of {micro_batch_size}{whole})")
+                        f"{counts['chosen']:,} masked positions; {int(stats['batches'])} batch(es) of {micro_batch_size}{'; the whole epoch' if whole else ''})")
     table.add_column("statistic")
     table.add_column("value", justify="right")
     table.add_column("configured", justify="right")
-    table.add_row("instances per epoch (plan built in)", f"{len(plan):,} ({plan_seconds:.2f} s)", "")
-    if pairs:
+    table.add_row("instances per epoch (plan built in)",
+                  f"{int(stats['instances_per_epoch']):,} ({stats['plan_seconds']:.2f} s)", "")
+    if data_config.objective != "none":
         table.add_row(f"{data_config.objective.upper()} positive fraction", f"{stats['positive_fraction']:.3f}",
                       "0.500")
     table.add_row("masked fraction of eligible tokens", f"{stats['masked_fraction_of_eligible']:.3f}",
@@ -173,7 +184,6 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         f"max {data_config.max_seq_length}")
     table.add_row("padding fraction", f"{stats['padding_fraction']:.3f}", "")
     console.print(table)
-    return stats
 
 
 def print_audit(results: list[ProbeResult], objective: str, console) -> bool:

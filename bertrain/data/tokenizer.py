@@ -331,23 +331,6 @@ def special_token_strings(tokenizer: Any, kind: str) -> dict[str, str]:
     return out
 
 
-def tokenizer_file(path: str | Path) -> Path:
-    """tokenizer.json inside a directory, or the file itself."""
-    path = Path(path)
-    return path / "tokenizer.json" if path.is_dir() else path
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """Load a tokenizers.Tokenizer from a directory holding tokenizer.json or from the file."""
-    file = tokenizer_file(path)
-    if not file.is_file():
-        raise DataError(f"No tokenizer at '{path}': expected a tokenizer.json file or a directory holding one.")
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as error:
-        raise DataError(f"'{file}' is not a valid tokenizers JSON file ({error}).") from None
-
-
 def tokenizer_kind(tokenizer: Any) -> str:
     """'wordpiece' or 'unigram' from the tokenizer's model; other models are refused."""
     model = json.loads(tokenizer.to_str())["model"]["type"]

@@ -18,6 +18,7 @@ from bertrain import rundir
 from bertrain.errors import BertrainError, DataError, UsageError
 from bertrain.model.hf import import_hf, load_checkpoint
 from bertrain.special_tokens import SPECIAL_TOKENS, WORD_MARKERS
+from bertrain.tokenizer_file import load_tokenizer
 
 
 def load_for_inference(model_dir: str | Path, skipped: list[tuple[Path, str]] | None = None):
@@ -34,15 +35,6 @@ def load_for_inference(model_dir: str | Path, skipped: list[tuple[Path, str]] | 
         raise DataError(f"No tokenizer.json found for {model_dir} (looked in the dir, its tokenizer/ and "
                         "RUN_DIR/tokenizer).")
     return model, tokenizer
-
-
-def load_tokenizer(tokenizer_dir: Path) -> Tokenizer:
-    """The tokenizers.Tokenizer of `tokenizer_dir`/tokenizer.json; an unreadable file is a DataError."""
-    file = Path(tokenizer_dir) / "tokenizer.json"
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as error:  # tokenizers raises plain Exceptions for a missing or malformed file
-        raise DataError(f"'{file}' is not a valid tokenizers JSON file ({error}).") from None
 
 
 def _tokenizer_setting(tokenizer_dir: Path, key: str, default: Any) -> Any:

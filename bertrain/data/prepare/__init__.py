@@ -39,10 +39,11 @@ from bertrain.data.prepare.shards import build_shards, pending_shards
 from bertrain.data.prepare.tokenizer_stage import build_tokenizer
 from bertrain.data.prepare.workdir import (STAGE_VERSION, WORK, check_out_dir, clear, documents_settings, locked,
                                            read_json, settings_hash, shard_name, tokenizer_settings, write_json)
-from bertrain.data.tokenizer import load_tokenizer, tokenizer_facts, tokenizer_file
+from bertrain.data.tokenizer import tokenizer_facts
 from bertrain.errors import DataError, UsageError
 from bertrain.files import file_sha256
 from bertrain.special_tokens import SPECIAL_IDS
+from bertrain.tokenizer_file import load_tokenizer, tokenizer_file
 
 __all__ = ["DOCUMENT_SKIPS", "prepare_corpus"]
 

@@ -16,7 +16,7 @@ from bertrain.data.format import SPLITS, shard_paths, token_dtype_for, write_sha
 from bertrain.data.prepare.pool import Workers, local_progress, report_progress
 from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, read_json, write_json
-from bertrain.data.tokenizer import load_tokenizer
+from bertrain.tokenizer_file import load_tokenizer
 
 ENCODE_BATCH_SENTENCES = 4096
 

@@ -11,8 +11,9 @@ from typing import Any, Iterator, Optional
 
 from bertrain.config import TokenizerConfig
 from bertrain.data.prepare.workdir import WORK
-from bertrain.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_kind, train_tokenizer
+from bertrain.data.tokenizer import save_tokenizer, tokenizer_kind, train_tokenizer
 from bertrain.files import file_sha256
+from bertrain.tokenizer_file import load_tokenizer
 
 
 def iter_document_texts(path: Path) -> Iterator[str]:
