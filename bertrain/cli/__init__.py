@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """Console-script entry point."""
     code = main()
-    # --- issue 15.5: under `bertrain launch`, record this worker's exit code for the launch command ---
     from bertrain.exit_status import record_exit
 
-    record_exit(code)
-    # --- end issue 15.5 ---
+    record_exit(code)  # under `bertrain launch`: its exit code is combined from every worker's
     sys.exit(code)
