@@ -13,11 +13,9 @@ only) against that peak. Not part of the test suite; `--device cpu` runs a tiny 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
-from model_step import make_batch, reference_model, useful_flops
+from model_step import gemm_fn, make_batch, reference_model, step_fn, time_alternating, useful_flops
 
 from bertrain.config import load_config
 from bertrain.model import build_model
@@ -36,54 +34,6 @@ def model_config(shape: str, seq: int):
     positions = max(seq, 128)
     return load_config(config_name, [f"model.vocab_size={vocab}",
                                      f"model.max_position_embeddings={positions}"]).model
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device):
-    """A closure running one training step of `model` on `batch` (autocast to `dtype` when given)."""
-    fused = device.type in ("cuda", "cpu")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
-    args = dict(batch)
-    if reference:
-        args[("sentence_order_label" if kind == "albert" else "next_sentence_label")] = args.pop("sentence_label")
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(**args).loss
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def gemm_fn(dtype: torch.dtype, n: int, device: torch.device):
-    """A square n x n GEMM and its FLOPs (the device's peak for `dtype`, timed among the steps)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    return (lambda: a @ b), 2 * n ** 3
-
-
-def time_alternating(functions: dict, rounds: int, repeats: int, device: torch.device) -> dict:
-    """Median seconds per call of each function, runs alternated (order reversed every round)."""
-    for fn in functions.values():  # warm up: kernels picked, allocator filled
-        fn()
-    synchronize(device)
-    times: dict = {name: [] for name in functions}
-    order = list(functions.items())
-    for r in range(rounds):
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
-            synchronize(device)
-            start = time.perf_counter()
-            for _ in range(repeats):
-                fn()
-            synchronize(device)
-            times[name].append((time.perf_counter() - start) / repeats)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def measure(shape: str, seq: int, batch_size: int, args, device: torch.device) -> dict:

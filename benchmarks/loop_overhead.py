@@ -14,8 +14,8 @@ every round; the overhead is the median over rounds of loop time / bare time - 1
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,20 +32,8 @@ from bertrain.train.step import NonFiniteWatch, optimizer_step, train_step
 
 from unpad import prepared_pydoc  # benchmarks/unpad.py: the pydoc DATA_DIR cache
 
-
-class OneProcess:
-    """What train_step uses of an Accelerator, for one CPU process (Accelerate adds nothing per step here)."""
-
-    num_processes, device, scaler = 1, torch.device("cpu"), None
-
-    def no_sync(self, model):
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
-
-    def clip_grad_norm_(self, parameters, max_norm):
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
+from tests.helpers import OneProcess  # noqa: E402  (one stand-in Accelerator for test and benchmark)
 
 
 def bare_step(model, optimizer):

@@ -66,27 +66,38 @@ def make_batch(config, batch: int, generator: torch.Generator, seq: int = SEQ) -
                 sentence_label=torch.randint(0, 2, (batch,), generator=generator))
 
 
-def step_fn(model, batch: dict, reference: bool, kind: str, bf16: bool):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+CPU = torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, where every op has finished on return)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device = CPU):
+    """A closure running one training step (fused AdamW) of `model` on `batch`, autocast to `dtype` when given;
+    `reference`: transformers' model (its own name for the sentence label)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type in ("cuda", "cpu"))
     args = dict(batch)
     if reference:
         args[("sentence_order_label" if kind == "albert" else "next_sentence_label")] = args.pop("sentence_label")
 
-    def step() -> float:
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = model(**args).loss
         loss.backward()
         optimizer.step()
-        return float(loss.detach())
 
     return step
 
 
-def gemm(dtype: torch.dtype, n: int = 2048):
+def gemm_fn(dtype: torch.dtype, n: int = 2048, device: torch.device = CPU):
     """A square n×n GEMM and its FLOPs: timed among the steps, so the peak sees the same machine load."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return (lambda: a @ b), 2 * n**3
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return (lambda: a @ b), 2 * n ** 3
 
 
 def useful_flops(config, batch: int, n_masked: int, seq: int = SEQ) -> float:
@@ -105,18 +116,21 @@ def useful_flops(config, batch: int, n_masked: int, seq: int = SEQ) -> float:
     return 3 * flops
 
 
-def time_alternating(steps_by_name: dict, rounds: int, steps: int) -> dict[str, float]:
-    """Median seconds per step of each function, runs alternated (order reversed every round)."""
-    times: dict[str, list[float]] = {name: [] for name in steps_by_name}
-    for fn in steps_by_name.values():  # warm up
+def time_alternating(functions: dict, rounds: int, repeats: int, device: torch.device = CPU) -> dict:
+    """Median seconds per call of each function, runs alternated (order reversed every round)."""
+    for fn in functions.values():  # warm up: kernels picked, allocator filled
         fn()
-    order = list(steps_by_name.items())
+    synchronize(device)
+    times: dict = {name: [] for name in functions}
+    order = list(functions.items())
     for r in range(rounds):
         for name, fn in (order if r % 2 == 0 else order[::-1]):
+            synchronize(device)
             start = time.perf_counter()
-            for _ in range(steps):
+            for _ in range(repeats):
                 fn()
-            times[name].append((time.perf_counter() - start) / steps)
+            synchronize(device)
+            times[name].append((time.perf_counter() - start) / repeats)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -140,8 +154,8 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    (gemm32, flops32) = gemm(torch.float32)
-    (gemm16, flops16) = (None, None) if args.no_bf16 else gemm(torch.bfloat16)
+    (gemm32, flops32) = gemm_fn(torch.float32)
+    (gemm16, flops16) = (None, None) if args.no_bf16 else gemm_fn(torch.bfloat16)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
     print(f"seq {SEQ}, {MASKED:.0%} masked, hidden dropout {args.hidden_dropout}, attention dropout "
           f"{args.attention_dropout} (ALBERT shapes: 0 / 0), AdamW(fused=True), medians of {args.rounds} alternated rounds")
@@ -158,8 +172,9 @@ def main() -> None:
         precisions = [False, True] if name == "bert-base" and not args.no_bf16 else [False]
         steps_by_name = {}
         for bf16 in precisions:
-            steps_by_name[("ours", bf16)] = step_fn(ours, batch, False, kind, bf16)
-            steps_by_name[("hf", bf16)] = step_fn(theirs, batch, True, kind, bf16)
+            dtype = torch.bfloat16 if bf16 else None
+            steps_by_name[("ours", bf16)] = step_fn(ours, batch, False, kind, dtype)
+            steps_by_name[("hf", bf16)] = step_fn(theirs, batch, True, kind, dtype)
         steps_by_name["gemm", False] = gemm32
         if True in precisions:  # the emulated bf16 GEMM alone takes minutes per round on an AVX2-only CPU
             steps_by_name["gemm", True] = gemm16

@@ -30,9 +30,9 @@ from bertrain.config import load_config, micro_batch_size_for
 from bertrain.console import make_console
 from bertrain.data.format import open_prepared
 from bertrain.data.sources.pydoc import write_pydoc_corpus
-from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import EXIT_REQUEUE, BertrainError, Interrupted, UsageError
 from bertrain.model.fill_mask import fill_mask_words
+from bertrain.tokenizer_file import load_tokenizer
 from bertrain.train.evaluate import validation_loader
 from bertrain.train.monitor import METRICS_FILE, read_metrics as read_run_metrics
 

@@ -23,6 +23,7 @@ from typing import Iterator
 
 from bertrain.errors import DataError, UsageError
 from bertrain.files import file_sha256, fsync_path, write_atomic
+from bertrain.tokenizer_file import TOKENIZER_FILES
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -34,8 +35,6 @@ CONFIG = "config.yaml"
 TOKENIZER = "tokenizer"
 # Files of the older checkpoint format that only pickle can read (optimizer.pt, rng-rank00000.pt, ...).
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
-# A user may drop the run's tokenizer into a checkpoint dir to hand it on; nothing else may be added.
-_ADDABLE = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json")
 DEFAULT_ADVICE = ("Nothing was loaded, changed or deleted. Restore a valid checkpoint (a backup or another copy of "
                   "the run) and pass its directory explicitly (--resume PATH when training), or start over in a new "
                   "run dir.")
@@ -122,8 +121,9 @@ def _payload_files(path: Path) -> list[str]:
 
 def _added_after_save(path: Path, listed: dict) -> list[str]:
     """Files present but not in checksums.json (a tokenizer handed on with the checkpoint excepted)."""
+    # A user may drop the run's tokenizer into a checkpoint dir to hand it on; nothing else may be added.
     return [name for name in _payload_files(path) if name not in listed
-            and name not in _ADDABLE and not name.startswith(TOKENIZER + "/")]
+            and name not in TOKENIZER_FILES and not name.startswith(TOKENIZER + "/")]
 
 
 def verify_checkpoint(path: str | Path) -> str | None:

@@ -10,6 +10,11 @@ from tokenizers import Tokenizer
 from bertrain.errors import DataError
 
 
+# The files of a saved tokenizer: tokenizer.json and the wrappers transformers' AutoTokenizer reads.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "added_tokens.json")
+
+
 def tokenizer_file(path: str | Path) -> Path:
     """tokenizer.json inside a directory, or the file itself."""
     path = Path(path)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -82,3 +83,19 @@ def assert_same_weights(a: dict, b: dict) -> None:
 def explain(result: subprocess.CompletedProcess) -> str:
     """Exit code and the tails of stdout/stderr, for assertion messages."""
     return f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+
+
+class OneProcess:
+    """What train_step uses of an Accelerator, for one CPU process (tests/test_sync_free.py,
+    benchmarks/loop_overhead.py): Accelerate adds nothing per step there."""
+
+    num_processes, device, scaler = 1, torch.device("cpu"), None
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def clip_grad_norm_(self, parameters, max_norm):
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)

@@ -21,6 +21,7 @@ from bertrain.model import build_model
 from bertrain.model.layout import batch_layout
 from bertrain.train.optim import build_optimizer
 from bertrain.train.step import NonFiniteWatch, optimizer_step, train_step
+from tests.helpers import OneProcess
 
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "masked_select")
 
@@ -69,21 +70,6 @@ def test_the_guard_catches_each_kind_of_read():
             with pytest.raises(HostRead):
                 read()
         t[0], t[1:]  # plain indexing is no read
-
-
-class OneProcess:
-    """What train_step uses of an Accelerator, for one CPU process."""
-
-    num_processes, device, scaler = 1, torch.device("cpu"), None
-
-    def no_sync(self, model):
-        return contextlib.nullcontext()
-
-    def backward(self, loss):
-        loss.backward()
-
-    def clip_grad_norm_(self, parameters, max_norm):
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
 MODELS = {

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from bertrain.config import ModelConfig
 from bertrain.model import build_model
 from bertrain.model.layout import batch_layout, layout_of
-from bertrain.model.packing import MAX_BUCKETS, is_right_padded, pack, plan_buckets
+from bertrain.model.packing import MAX_BUCKETS, is_right_padded, pack_lengths, plan_buckets
 from bertrain.model.unpadded import AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHARE, use_unpadded
 
 VOCAB, WIDTH = 97, 24
@@ -148,7 +148,7 @@ def test_bucket_plan_covers_every_sequence_once_longest_first():
     assert sorted(np.concatenate(buckets).tolist()) == list(range(40))
     assert all(lengths[a].min() >= lengths[b].max() for a, b in zip(buckets, buckets[1:]))
     assert len(plan_buckets(np.array([7, 7, 7]))) == 1  # equal lengths: one bucket, no mask
-    assert pack(torch.ones(3, 7)).buckets[0].key_mask is None
+    assert pack_lengths(np.full(3, 7), 7)[0].buckets[0].key_mask is None
 
 
 def test_when_the_unpadded_path_is_used():

@@ -54,7 +54,6 @@ def pretrain(
 
     check_pretrain_arguments(config, resume)
     resolved = load_config(config, overrides or [])
-    _refuse_precision_this_machine_lacks(resolved.train.mixed_precision)
     if check_resume:
         from bertrain.errors import UsageError
         from bertrain.train.check_resume import check_resume as run_check
@@ -81,14 +80,3 @@ def check_pretrain_arguments(config: Optional[str], resume: str) -> None:
             f"--resume {resume}: no such checkpoint or RUN_DIR. Use --resume auto (continue from RUN_DIR's newest "
             f"checkpoint), --resume never, --resume restart (start over, moving the old checkpoints aside) or an "
             f"existing checkpoint directory (RUN_DIR/checkpoints/step-…).")
-
-
-def _refuse_precision_this_machine_lacks(mixed_precision: str) -> None:
-    """fp16 without a CUDA (or other accelerator) device is refused here, where the device is known."""
-    import torch
-
-    from bertrain.config import check_precision_for_device
-
-    accelerated = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) \
-        or torch.backends.mps.is_available()
-    check_precision_for_device(mixed_precision, "cuda" if accelerated else "cpu")

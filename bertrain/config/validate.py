@@ -12,7 +12,6 @@ from bertrain.config.schema import Config, DataConfig, ModelConfig, OptimConfig,
 from bertrain.errors import ConfigError
 
 
-
 class ConfigWarning(UserWarning):
     """A config that runs but probably not as meant (the CLI prints it as `Warning: ...`)."""
 
@@ -100,13 +99,10 @@ def _validate_train(train: TrainConfig) -> None:
             f"({train.gradient_accumulation_steps}).")
     if train.max_steps is None and train.max_tokens is None:
         raise ConfigError("Set a budget: train.max_steps or train.max_tokens.")
-    for key in ("save_every", "log_every"):
-        if getattr(train, key) < 1:
-            raise ConfigError(f"Config key 'train.{key}' must be at least 1.")
     for key in ("max_steps", "max_tokens", "stop_at_step"):  # 0 "finished" at once and saved nothing
         value = getattr(train, key)
         _require(value is None or value >= 1, f"train.{key}", "at least 1 (or null)", value)
-    for key in ("keep_last", "max_bad_steps"):
+    for key in ("save_every", "log_every", "keep_last", "max_bad_steps"):
         _require(getattr(train, key) >= 1, f"train.{key}", "at least 1", getattr(train, key))
     _require(train.eval_every >= 0, "train.eval_every", "0 (never) or more", train.eval_every)
     _require(1 <= train.requeue_exit_code <= 255, "train.requeue_exit_code", "an exit code from 1 to 255",

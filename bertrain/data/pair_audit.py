@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertrain.data.format import PreparedData
-from bertrain.data.loader import build_train_loader, epoch_plan
+from bertrain.data.loader import build_train_loader
 from bertrain.data.masking import splitmix64, word_start_table
 from bertrain.errors import DataError
+from bertrain.tokenizer_file import load_tokenizer
 
 JOINT_FEATURES = ("length_sign", "full_length", "sep_parity", "a_continues", "b_continues", "a_ends_sentence",
                   "b_ends_sentence")
@@ -71,14 +72,11 @@ class ProbeResult:
 
 def piece_tables(prepared: PreparedData) -> tuple[np.ndarray, np.ndarray]:
     """([vocab] bool continuation piece, [vocab] bool ends in . ! ?) from the prepared tokenizer."""
-    # Lazy: tokenizers is only needed to read the vocabulary.
-    from tokenizers import Tokenizer
-
     tokenizer_info = prepared.manifest.get("tokenizer", {})
     kind = tokenizer_info.get("kind")
     path = prepared.tokenizer_dir / "tokenizer.json"
     continuation = ~word_start_table(str(path), kind, tokenizer_info.get("word_marker"), prepared.vocab_size)
-    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer = load_tokenizer(path)
     final = np.zeros(len(continuation), dtype=bool)
     for token_id in range(len(final)):
         token = tokenizer.id_to_token(token_id)
@@ -121,9 +119,7 @@ def collect_features(prepared: PreparedData, data_config, *, seed: int, micro_ba
     for epoch in range(MAX_EPOCHS):
         if collected >= instances:
             break
-        size = max(1, min(micro_batch_size, len(epoch_plan(prepared, data_config, seed=seed, epoch=epoch))))
-        dataset = build_train_loader(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=size,
-                                     rank=0, world_size=1).dataset
+        dataset = _epoch_batches(prepared, data_config, seed, epoch, micro_batch_size)
         for micro_batch in range(len(dataset)):
             positions = dataset.positions(micro_batch)
             batch = dataset.assemble(positions)      # the training micro-batch before masking
@@ -140,6 +136,17 @@ def collect_features(prepared: PreparedData, data_config, *, seed: int, micro_ba
         raise DataError(f"{prepared.path}: the train split gives no sentence pairs to audit.")
     features = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
     return features, np.concatenate(labels).astype(np.int64), np.concatenate(documents)
+
+
+def _epoch_batches(prepared: PreparedData, data_config, seed: int, epoch: int, micro_batch_size: int):
+    """The epoch's training micro-batches of one process; one smaller micro-batch when the epoch has fewer
+    instances than `micro_batch_size` (a small corpus), so that it still yields pairs."""
+    dataset = build_train_loader(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
+                                 rank=0, world_size=1).dataset
+    if len(dataset) == 0 and len(dataset.plan):
+        dataset = build_train_loader(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=len(dataset.plan),
+                                     rank=0, world_size=1).dataset
+    return dataset
 
 
 def fit_documents(documents: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from bertrain.config import validate_model
 from bertrain.errors import ConfigError, DataError
 from bertrain.model.bert import BertPreTrainingModel, PreTrainingModel, PreTrainingOutput
 from bertrain.model.albert import AlbertPreTrainingModel
@@ -26,15 +27,8 @@ def build_model(model_config) -> PreTrainingModel:
     if c.vocab_size is None:
         raise ConfigError("model.vocab_size is not set: take it from the prepared data's manifest "
                           "(the trainer does) or set it, e.g. --set model.vocab_size=30522.")
-    if c.vocab_size < 1 or c.hidden_size < 1 or c.num_hidden_layers < 1 or c.num_attention_heads < 1:
-        raise ConfigError("model.vocab_size, hidden_size, num_hidden_layers and num_attention_heads must be positive.")
-    if c.hidden_size % c.num_attention_heads:
-        raise ConfigError(f"model.hidden_size ({c.hidden_size}) must be divisible by model.num_attention_heads "
-                          f"({c.num_attention_heads}).")
+    validate_model(c)  # a hand-built ModelConfig gets the checks a loaded config got
     if c.type == "albert":
-        if c.num_hidden_groups < 1 or c.inner_group_num < 1 or c.num_hidden_layers % c.num_hidden_groups:
-            raise ConfigError("model.num_hidden_groups and model.inner_group_num must be positive and "
-                              "num_hidden_groups must divide num_hidden_layers.")
         return AlbertPreTrainingModel(c)
     if c.type == "bert":
         return BertPreTrainingModel(c)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from bertrain.model.bert import PreTrainingModel, embedding_size
-from bertrain.model.layers import EncoderLayer, run_layer
+from bertrain.model.layers import EncoderLayer, run_steps
 
 
 class AlbertEncoder(nn.Module):
@@ -25,15 +25,15 @@ class AlbertEncoder(nn.Module):
             nn.ModuleList(EncoderLayer(config) for _ in range(config.inner_group_num))
             for _ in range(config.num_hidden_groups))
 
+    def steps(self) -> list[nn.Module]:
+        """The layers in the order they are applied: step i runs group i * groups // steps, whole."""
+        return [layer for step in range(self.num_steps)
+                for layer in self.groups[step * len(self.groups) // self.num_steps]]
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, checkpointing: bool = False,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embedding_to_hidden(x)  # [B, T, E] → [B, T, H]
-        for step in range(self.num_steps):
-            group = self.groups[step * len(self.groups) // self.num_steps]
-            for j, layer in enumerate(group):
-                last = step == self.num_steps - 1 and j == len(group) - 1
-                x = run_layer(layer, x, mask, checkpointing, rows if last else None)
-        return x
+        return run_steps(self.steps(), x, mask, checkpointing, rows)
 
 
 class AlbertPreTrainingModel(PreTrainingModel):

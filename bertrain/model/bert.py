@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertrain.model.layers import Embeddings, EncoderLayer, MLMHead, attention_bias, init_weights, run_layer
+from bertrain.model.layers import Embeddings, EncoderLayer, MLMHead, attention_bias, init_weights, run_steps
 from bertrain.model.layout import BatchLayout, layout_of
 from bertrain.model.unpadded import unpadded_encode, use_unpadded
 
@@ -159,11 +159,13 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
 
+    def steps(self) -> list[nn.Module]:
+        """The layers in the order they are applied."""
+        return list(self.layers)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, checkpointing: bool = False,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
-        for i, layer in enumerate(self.layers):
-            x = run_layer(layer, x, mask, checkpointing, rows if i == len(self.layers) - 1 else None)
-        return x
+        return run_steps(self.steps(), x, mask, checkpointing, rows)
 
 
 class BertPreTrainingModel(PreTrainingModel):

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer
 
 from bertrain import rundir
 from bertrain.config import ModelConfig, load_config
@@ -23,10 +22,9 @@ from bertrain.errors import ConfigError, DataError
 from bertrain.model import build_model, load_weights, unwrap
 from bertrain.model.bert import embedding_size
 from bertrain.special_tokens import SPECIAL_TOKENS
+from bertrain.tokenizer_file import TOKENIZER_FILES, load_tokenizer
 
 WEIGHTS = "model.safetensors"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "added_tokens.json")
 
 # Our layer's parameter → transformers' (BERT layer, ALBERT layer); "qkv" is split into three.
 _LAYER_NAMES = {
@@ -267,7 +265,7 @@ def load_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = N
 def _pad_token_id(tokenizer_dir: Path | None) -> int:
     if tokenizer_dir is None:
         return 0
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tokenizer = load_tokenizer(tokenizer_dir)
     for token in (tokens["pad"] for tokens in SPECIAL_TOKENS.values()):
         if tokenizer.token_to_id(token) is not None:
             return tokenizer.token_to_id(token)

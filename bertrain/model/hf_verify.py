@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
 from bertrain.errors import BertrainError, DataError
 from bertrain.model import unwrap
+from bertrain.tokenizer_file import load_tokenizer
 
 VERIFY_TOLERANCE = 1e-4  # fp32: the two implementations differ only in summation order
 TEXTS = ("the model reads this sentence.",
@@ -50,9 +50,8 @@ class ExportCheck:
 def padded_batch(export_dir: Path, vocab_size: int, max_positions: int, pad_id: int) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask, token_type_ids [2, T] from the exported tokenizer (fixed random ids
     when the export has none): a short single text, then a longer pair; the short row is padded."""
-    tokenizer_file = export_dir / "tokenizer.json"
-    if tokenizer_file.is_file():
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    if (export_dir / "tokenizer.json").is_file():
+        tokenizer = load_tokenizer(export_dir)
         tokenizer.no_padding()
         tokenizer.no_truncation()
         rows = [(e.ids, e.type_ids) for e in (tokenizer.encode(TEXTS[0]), tokenizer.encode(*TEXTS))]

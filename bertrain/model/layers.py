@@ -11,6 +11,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 def activation(name: str):
@@ -46,12 +47,22 @@ class Embeddings(nn.Module):
         when the tied decoder also contributes a dense gradient (autograd then adds the rows into it
         in place, saving a full-vocabulary allocation and pass per step)."""
         T = input_ids.shape[1]
-        if T > self.position_embeddings.num_embeddings:
-            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+        self.check_length(T)
+        return self.combine(input_ids, token_type_ids, self.position_embeddings.weight[:T], sparse_grad)  # [B, T, E]
+
+    def check_length(self, length: int) -> None:
+        """Refuse sequences longer than the position table."""
+        if length > self.position_embeddings.num_embeddings:
+            raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
                              f"({self.position_embeddings.num_embeddings})")
+
+    def combine(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: torch.Tensor,
+                sparse_grad: bool) -> torch.Tensor:
+        """LayerNorm and dropout of word + token type + position embeddings (`positions`: vectors that
+        broadcast to the ids' shape), summed in that order by the padded and the packed path alike."""
         x = F.embedding(input_ids, self.word_embeddings.weight, sparse=sparse_grad)
         x = x + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings.weight[:T]  # [B, T, E]
+        x = x + positions
         return dropout(self.layer_norm(x), self.dropout_prob, self.training)
 
 
@@ -112,8 +123,12 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """rows [B, K]: compute the output only at these positions → [B, K, H] (else [B, T, H])."""
         queries = None if rows is None else x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
-        residual = x if rows is None else queries
-        x = self.attention_norm(residual + dropout(self.attention(x, mask, queries), self.dropout_prob, self.training))
+        return self.after_attention(x if rows is None else queries, self.attention(x, mask, queries))
+
+    def after_attention(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x = LN(residual + drop(attended)); LN(x + drop(ffn(x))): the layer after its attention output
+        (shared by the padded and the packed path)."""
+        x = self.attention_norm(residual + dropout(attended, self.dropout_prob, self.training))
         return self.output_norm(x + dropout(self.feed_forward(x), self.dropout_prob, self.training))
 
 
@@ -121,10 +136,16 @@ def run_layer(layer: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, chec
               rows: torch.Tensor | None = None) -> torch.Tensor:
     """Apply a layer, recomputing its activations in backward when gradient checkpointing is on."""
     if checkpointing and torch.is_grad_enabled():
-        from torch.utils.checkpoint import checkpoint
-
         return checkpoint(layer, x, mask, rows, use_reentrant=False)
     return layer(x, mask, rows)
+
+
+def run_steps(steps: list[nn.Module], x: torch.Tensor, mask: torch.Tensor | None, checkpointing: bool,
+              rows: torch.Tensor | None) -> torch.Tensor:
+    """Apply the encoder's layers in order; only the last one runs at `rows`."""
+    for i, layer in enumerate(steps):
+        x = run_layer(layer, x, mask, checkpointing, rows if i == len(steps) - 1 else None)
+    return x
 
 
 def attention_bias(attention_mask: torch.Tensor | None, padded: bool | None = None) -> torch.Tensor | None:

@@ -4,7 +4,7 @@ positions are, their targets, the counts, and the packing of the unpadded path.
 The loader's collator already holds the masks as numpy arrays, so it builds a BatchLayout there
 (the train layer hands it `batch_layout`; data code never imports the model) and the step uses its
 Python ints and index tensors instead of reading boolean masks back from the device: boolean
-indexing, `int(mask.sum())` and `bool(mask.all())` each wait for the device (issue 14). A forward
+indexing, `int(mask.sum())` and `bool(mask.all())` each wait for the device. A forward
 called without one (tests, evaluation, inference) builds it from the tensors (`layout_of`).
 """
 
@@ -84,7 +84,7 @@ def batch_layout(attention_mask: np.ndarray, labels: np.ndarray, sentence_label:
     needed = predicted.copy()
     needed[:, 0] = True
     K = int(needed.sum(1).max()) if B else 1
-    # A stable sort puts each row's needed positions first, ascending (same as layers.needed_rows).
+    # A stable sort puts each row's needed positions ([CLS], then the predicted ones) first, ascending.
     rows = np.argsort(~needed, axis=1, kind="stable")[:, :K]                   # [B, K]
     in_rows_b, in_rows_k = np.nonzero(np.take_along_axis(predicted, rows, axis=1))
     labelled = 0 if sentence_label is None else int((np.asarray(sentence_label) != IGNORE_INDEX).sum())

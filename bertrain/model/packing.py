@@ -166,13 +166,6 @@ def pack_lengths(lengths: np.ndarray, width: int, max_buckets: int = MAX_BUCKETS
     return packing, first[:, None] + np.arange(width)[None, :]
 
 
-def pack(attention_mask: torch.Tensor, max_buckets: int = MAX_BUCKETS) -> Packing:
-    """The packing of a right-padded [B, T] attention mask, on its device (reads the mask on the host)."""
-    real = attention_mask.bool().cpu().numpy()
-    packing, _ = pack_lengths(real.sum(1), real.shape[1], max_buckets)
-    return packing.to(attention_mask.device)
-
-
 def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
     """[N, 3H] fused query/key/value rows → [N, H] attention output; each row attends only to the
     real tokens of its own sequence (one dense SDPA per length bucket)."""

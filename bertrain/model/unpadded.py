@@ -8,7 +8,7 @@ It mirrors the padded forward: the last layer runs its output projection and fee
 [CLS] and predicted rows (needed_rows), gradient checkpointing recomputes each layer in backward,
 and the MLM head sees only the predicted rows.
 
-Why: on the prepared CPython docs 24% of the padded tokens at seq 128 and 54% at seq 512 are
+Why: on the prepared CPython docs 16-18% of the padded tokens at seq 128 and 38-59% at seq 512 are
 padding (NSP), and nearly every batch holds one full-length row; see benchmarks/unpad.py. Training
 and evaluation use it (PreTrainingModel.forward with labels); inference and export stay padded.
 """
@@ -16,11 +16,9 @@ and evaluation use it (PreTrainingModel.forward with labels); inference and expo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bertrain.model.layers import dropout
 from bertrain.model.layout import BatchLayout
 from bertrain.model.packing import Packing, packed_attention
 
@@ -51,14 +49,10 @@ def use_unpadded(setting: str, layout: BatchLayout, hidden_size: int) -> bool:
 def packed_embeddings(embeddings: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                       packing: Packing, sparse_grad: bool) -> torch.Tensor:
     """Embeddings.forward on the packed tokens: [N] ids → [N, E], same sums in the same order."""
-    T = packing.width
-    if T > embeddings.position_embeddings.num_embeddings:
-        raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
-                         f"({embeddings.position_embeddings.num_embeddings})")
-    x = F.embedding(input_ids.reshape(-1).index_select(0, packing.token_index), embeddings.word_embeddings.weight, sparse=sparse_grad)
-    x = x + embeddings.token_type_embeddings(token_type_ids.reshape(-1).index_select(0, packing.token_index))
-    x = x + embeddings.position_embeddings(packing.positions)
-    return dropout(embeddings.layer_norm(x), embeddings.dropout_prob, embeddings.training)
+    embeddings.check_length(packing.width)
+    return embeddings.combine(input_ids.reshape(-1).index_select(0, packing.token_index),
+                              token_type_ids.reshape(-1).index_select(0, packing.token_index),
+                              embeddings.position_embeddings(packing.positions), sparse_grad)
 
 
 def packed_layer(layer: nn.Module, x: torch.Tensor, packing: Packing, rows: torch.Tensor | None) -> torch.Tensor:
@@ -68,18 +62,7 @@ def packed_layer(layer: nn.Module, x: torch.Tensor, packing: Packing, rows: torc
     mixed = packed_attention(attention.qkv(x), packing, attention.num_heads, p)   # [N, H]
     if rows is not None:  # later sublayers only where the losses look
         x, mixed = x.index_select(0, rows), mixed.index_select(0, rows)
-    x = layer.attention_norm(x + dropout(attention.output(mixed), layer.dropout_prob, layer.training))
-    return layer.output_norm(x + dropout(layer.feed_forward(x), layer.dropout_prob, layer.training))
-
-
-def encoder_steps(encoder: nn.Module) -> list[nn.Module]:
-    """The encoder's layers in the order they are applied (ALBERT: shared groups repeated)."""
-    if hasattr(encoder, "layers"):  # BertEncoder
-        return list(encoder.layers)
-    steps = []
-    for step in range(encoder.num_steps):  # AlbertEncoder: step i uses group i * groups // steps
-        steps.extend(encoder.groups[step * len(encoder.groups) // encoder.num_steps])
-    return steps
+    return layer.after_attention(x, attention.output(mixed))
 
 
 def packed_encoder(encoder: nn.Module, x: torch.Tensor, packing: Packing, checkpointing: bool,
@@ -88,7 +71,7 @@ def packed_encoder(encoder: nn.Module, x: torch.Tensor, packing: Packing, checkp
     mapping = getattr(encoder, "embedding_to_hidden", None)  # ALBERT's E→H
     if mapping is not None:
         x = mapping(x)
-    steps = encoder_steps(encoder)
+    steps = encoder.steps()
     for i, layer in enumerate(steps):
         last_rows = rows if i == len(steps) - 1 else None
         if checkpointing and torch.is_grad_enabled():

@@ -66,16 +66,13 @@ def measure_micro_batch(model, accelerator, batch: dict, warmup_rows: int = 1) -
     sequences (first-call allocations and kernel choice stay out of the measurement); no optimizer step."""
     device = accelerator.device
     model.to(device).train()
-    predicted = max(int((batch["labels"] != -100).sum()), 1)
-    labelled = max(int((batch["sentence_label"] != -100).sum()), 1) if "sentence_label" in batch else 1
 
     def forward_backward(rows: int) -> None:
         part = {k: v[:rows].to(device) for k, v in batch.items()}
         with accelerator.autocast():
             out = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
                         token_type_ids=part["token_type_ids"], labels=part["labels"],
-                        sentence_label=part.get("sentence_label"), mlm_normalizer=predicted,
-                        sentence_normalizer=labelled)
+                        sentence_label=part.get("sentence_label"))
         out.loss.backward()
         _synchronize(device)
 

@@ -19,7 +19,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from rich.console import Console
 
 from bertrain import rundir
-from bertrain.config import Config, micro_batch_size_for
+from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
 from bertrain.console import make_console
 from bertrain.errors import BertrainError, ConfigError, DataError, Interrupted, UsageError
 from bertrain.model import build_model
@@ -30,9 +30,10 @@ from bertrain.train.dry_run import report_dry_run
 from bertrain.train.evaluate import evaluate
 from bertrain.train.fault_hooks import hook_step, kill_now, step_delay
 from bertrain.train.monitor import Monitor, NullMonitor, human_seconds
-from bertrain.train.optim import apply_settings, build_optimizer, build_scheduler
+from bertrain.train.optim import apply_settings, build_optimizer, build_scheduler, stretch_schedule
 from bertrain.train.parent_watch import watch_parent
-from bertrain.train.resume_rules import resumed_state, stretch_schedule
+from bertrain.train.precision import local_device_type
+from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import (build_accelerator, lock_run_dir, resolve_run_config, schedule_length,
                                   write_run_files)
 from bertrain.train.signals import install_handlers, received_signal_name, stop_at_once
@@ -80,6 +81,8 @@ class Trainer:
         self.forced: list[str] = []           # differences from the checkpoint that --force let through
         self.longer_budget: str | None = None  # a raised train.max_steps / max_tokens (free)
         self.console = console or make_console()
+        # Before the data is opened: fp16 on a CPU is a config error (exit 2) whatever the data.
+        check_precision_for_device(config.train.mixed_precision, local_device_type())
         self.config, self.prepared = resolve_run_config(config, data_dir, run_dir)
         self.run_dir = Path(self.config.train.output_dir)
 
@@ -298,8 +301,12 @@ class Trainer:
         """Log, evaluate and save as due; True when a signal or train.stop_at_step ends the run here."""
         train, state = self.config.train, parts.state
         done = self._done(state)
-        if applied and (state.step % train.log_every == 0 or done or metrics.stop):
+        stop_here = train.stop_at_step is not None and state.step >= train.stop_at_step
+        log_due = applied and (state.step % train.log_every == 0 or done or metrics.stop)
+        save_due = state.step % train.save_every == 0 or done or metrics.stop or stop_here
+        if log_due or save_due:  # one device read serves both; never save right after a skipped step
             self._check_finite(parts, session)
+        if log_due:
             self._log(parts, session, metrics.read(self.accelerator), lr)
         if applied and train.eval_every and state.step % train.eval_every == 0:
             result = evaluate(parts.model, self.accelerator, self.prepared, self.config.data, seed=train.seed,
@@ -309,10 +316,6 @@ class Trainer:
                 session.last_eval = dict(result, kind="eval", step=state.step)
                 parts.monitor.log(session.last_eval)
             session.window_time = time.time()  # keep eval time out of the throughput
-        stop_here = train.stop_at_step is not None and state.step >= train.stop_at_step
-        save_due = state.step % train.save_every == 0 or done or metrics.stop or stop_here
-        if save_due:
-            self._check_finite(parts, session)  # never save right after a skipped (non-finite) step
         if state.bad_steps == 0 and save_due:
             last = session.last_checkpoint
             if last is None or rundir.step_of(last) != state.step:

@@ -234,7 +234,7 @@ def init_wandb(config: LoggingConfig, run_dir: Path, tree: dict, warn) -> Any:
     """A wandb run, or None when logging.wandb is off. Online without network falls back to offline."""
     if config.wandb == "off":
         return None
-    import wandb
+    import wandb  # about a second to import, and only runs that log to wandb need it
 
     id_file = run_dir / "wandb_id.txt"
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]

@@ -110,5 +110,22 @@ def apply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_s
     betas = (float(config.betas[0]), float(config.betas[1]))
     for group, decay in zip(optimizer.param_groups, (config.weight_decay, 0.0)):
         group.update(weight_decay=decay, eps=config.eps, betas=betas, initial_lr=config.lr)
+    return continue_schedule(optimizer, schedule, step)
+
+
+def stretch_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, step: int,
+                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The loaded schedule with a new length, continuing at `step`; returns the scheduler to use instead.
+
+    A longer budget means the run is now planned to be longer: the decay is recomputed to end at the new
+    total, as if it had been planned from the start (the lr rises from where the old decay was at `step`
+    to where the new one is). The warmup already done keeps its length."""
+    loaded = scheduler.lr_lambdas[0]
+    return continue_schedule(optimizer, LRSchedule(loaded.schedule, loaded.warmup_steps, total_steps), step)
+
+
+def continue_schedule(optimizer: torch.optim.Optimizer, schedule: LRSchedule, step: int
+                      ) -> torch.optim.lr_scheduler.LambdaLR:
+    """A scheduler following `schedule` from optimizer step `step` on (the groups' initial_lr is the peak)."""
     # last_epoch = step - 1: the scheduler's first step (in its constructor) sets the lr of `step`.
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)

@@ -43,6 +43,15 @@ def cpu_has_native_bf16() -> bool:
     return "AMX" in capability or "BF16" in capability
 
 
+def local_device_type() -> str:
+    """The kind of device this process trains on: cuda, xpu, mps, or cpu when it has no accelerator."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
 def cuda_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) compute capability of a CUDA device."""
     return torch.cuda.get_device_capability(device)

@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from bertrain.config import Config, build_dataclass, read_yaml, to_dict
 from bertrain.errors import ConfigError
-from bertrain.train.optim import LRSchedule
 from bertrain.train.state import DATA_INFO, TRAIN_STATE, TrainState
 
 # Prefixes of keys that may change freely: they do not change what the run computes (train.compile and
@@ -142,16 +140,3 @@ def resumed_state(path: Path, config: Config, data: dict, world_size: int, micro
         state.micro_batch = state.micro_batch * old_global // (micro_batch_size * world_size)
         state.world_size, state.micro_batch_size = world_size, micro_batch_size
     return Resumption(state, forceable, longer)
-
-
-def stretch_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, step: int,
-                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """The loaded schedule with a new length, continuing at `step`; returns the scheduler to use instead.
-
-    A longer budget means the run is now planned to be longer: the decay is recomputed to end at the new
-    total, as if it had been planned from the start (the lr rises from where the old decay was at `step`
-    to where the new one is). The warmup already done keeps its length."""
-    loaded = scheduler.lr_lambdas[0]
-    schedule = LRSchedule(loaded.schedule, loaded.warmup_steps, total_steps)
-    # last_epoch = step - 1: the scheduler's first step (in its constructor) sets the lr of `step`.
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)

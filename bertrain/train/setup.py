@@ -9,16 +9,15 @@ import math
 import shutil
 from pathlib import Path
 
-import torch
 from accelerate import Accelerator
 from rich.console import Console
 
-from bertrain.config import Config, TrainConfig, check_precision_for_device, dump_yaml
+from bertrain.config import Config, TrainConfig, dump_yaml
 from bertrain.data.format import PreparedData, open_prepared
 from bertrain.errors import ConfigError, DataError
 from bertrain.files import LockHeld, exclusive_lock
 from bertrain.train.monitor import truncate_metrics
-from bertrain.train.precision import choose_mixed_precision, set_tf32
+from bertrain.train.precision import choose_mixed_precision, local_device_type, set_tf32
 from bertrain.train.state import LOCK_FILE, TrainState, write_error
 
 
@@ -49,15 +48,12 @@ def resolve_run_config(config: Config, data_dir: str | None, run_dir: str | None
 def build_accelerator(train: TrainConfig) -> Accelerator:
     """Accelerate for this process (plain, `accelerate launch` or torchrun), with `train.mixed_precision`
     resolved for the device (`auto`: see train/precision.py) and `train.tf32` applied."""
-    # Without an accelerator device, Accelerate only sees torchrun's/launch's ranks when told cpu=True.
-    accelerated = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) \
-        or torch.backends.mps.is_available()
-    device_type = "cuda" if torch.cuda.is_available() else ("cpu" if not accelerated else "other")
-    check_precision_for_device(train.mixed_precision, device_type)
-    mixed_precision = choose_mixed_precision(train.mixed_precision, device_type if device_type != "other" else "meta")
+    device_type = local_device_type()
+    mixed_precision = choose_mixed_precision(train.mixed_precision, device_type)
     set_tf32(train.tf32)
     try:
-        return Accelerator(mixed_precision=mixed_precision, cpu=not accelerated)
+        # Without an accelerator device, Accelerate only sees torchrun's/launch's ranks when told cpu=True.
+        return Accelerator(mixed_precision=mixed_precision, cpu=device_type == "cpu")
     except (ValueError, RuntimeError) as error:
         raise ConfigError(f"Config key 'train.mixed_precision' ({train.mixed_precision!r}, here {mixed_precision!r}) "
                           f"is not usable here: {error}") from None

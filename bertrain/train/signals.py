@@ -7,7 +7,7 @@ Signals within DUPLICATE_WINDOW seconds of the first count as the same request: 
 job-step signal to every process of the step, and the launcher (torchrun / accelerate launch)
 forwards its own copy too.
 
-From process start to the loop (issue 15.8): `bertrain.cli.main` installs these handlers before it
+From process start to the loop: `bertrain.cli.main` installs these handlers before it
 imports anything heavy, so a signal during `import torch`, setup or the first step is recorded and the
 run stops after its first step with a checkpoint: exit 75 always means "a checkpoint exists, run the same
 command to resume". A signal that arrives before the interpreter reaches bertrain's code (Python's own

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 
 from bertrain import rundir
 from bertrain.config import Config, dump_yaml
-from bertrain.errors import DataError, UsageError
+from bertrain.errors import BertrainError, DataError, UsageError
 from bertrain.model import load_weights, save_weights
 from bertrain.train.fault_hooks import hook_step, kill_now
 from bertrain.train.legacy_checkpoint import check_legacy_files, load_legacy
@@ -148,21 +148,18 @@ def choose_checkpoint(resume: str, run_dir: Path, trust: bool = False
         aside = move_run_aside(run_dir)
         return None, skipped, [f"--resume restart: moved the previous checkpoints and metrics to {aside}; "
                                f"training from step 0."] if aside else []
-    path = run_dir if resume == "auto" else Path(resume)
-    if resume == "auto" or (rundir.step_of(path) is None and (path / rundir.CHECKPOINTS).is_dir()):
-        advice = RESTART_ADVICE if resume == "auto" else (
-            "Nothing was loaded. Pass one of its older checkpoints with --resume PATH, or resume from another run.")
+    if resume == "auto":  # RUN_DIR's own checkpoints: none yet is a fresh start, none valid an error
         try:
-            found = rundir.find_latest_checkpoint(path, skipped, require_valid=True)
+            found = rundir.find_latest_checkpoint(run_dir, skipped, require_valid=True)
         except rundir.NoValidCheckpoint as error:
-            raise rundir.NoValidCheckpoint(error.run_dir, error.rejected, advice) from None
-        if found is None and resume != "auto":
-            raise DataError(f"--resume {path}: that run has no checkpoint yet.")
-    else:
-        problem = rundir.verify_checkpoint(path)
-        if problem is not None:
-            raise DataError(f"--resume {path}: not a valid checkpoint ({problem}).")
-        found = path
+            raise rundir.NoValidCheckpoint(error.run_dir, error.rejected, RESTART_ADVICE) from None
+    else:  # a checkpoint dir or another RUN_DIR, resolved as export and fill-mask resolve it
+        try:
+            found = rundir.resolve_checkpoint(resume, skipped)
+        except rundir.NoValidCheckpoint:
+            raise
+        except BertrainError as error:
+            raise type(error)(f"--resume {resume}: {error}") from None
     if found is not None:
         check_legacy_files(found, trust)
     return found, skipped, []

@@ -5,7 +5,7 @@ The model divides each micro-batch's summed losses by (global count / world size
 count is the step's predicted tokens (instances) over all ranks and micro-batches: DDP averages
 gradients over ranks, so 2 ranks x B, 1 rank x 2B and k accumulation steps of B/k give the same update.
 
-No host synchronisation between the batch arriving and the optimizer step (issue 14): the counts come
+No host synchronisation between the batch arriving and the optimizer step: the counts come
 from each batch's BatchLayout (Python ints the collator computed), metrics and the finiteness flag stay
 on the device (StepResult, NonFiniteWatch) and the loop reads them at log and save time only; the
 optimizer skips a non-finite update through its `found_inf` input. Between processes the counts and
