@@ -1,5 +1,6 @@
-"""Time one optimizer step at bert-base size: bertrain's LAMB against torch's fused AdamW (the target is
-LAMB <= 2x AdamW) and, with --per-parameter, against the per-parameter LAMB loop it replaced. Same
+"""Time one optimizer step at bert-base size: bertrain's LAMB (its CPU kernel, lamb_native.c, and its torch-op
+path, used on GPUs and where no C compiler exists) against torch's fused AdamW (the target is LAMB <= 2x
+AdamW) and, with --per-parameter, against the per-parameter LAMB loop it replaced. Same
 parameters (the real BERT-base list, two weight-decay groups), same gradients, runs alternated (order
 reversed every round), medians of per-round ratios. Not part of the test suite.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 import time
@@ -20,7 +22,9 @@ import torch
 
 from bertrain.config import load_config
 from bertrain.model import build_model
+from bertrain.train import lamb_native
 from bertrain.train.lamb import Lamb
+from bertrain.train.precision import cpu_flags
 from bertrain.train.optim import parameter_groups
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
@@ -36,6 +40,16 @@ def bert_base_groups(config_name: str, weight_decay: float) -> list[dict]:
         for param in group["params"]:
             param.grad = torch.randn(param.shape, generator=generator) * 1e-3
     return groups
+
+
+def cpu_name() -> str:
+    """The CPU's model name and widest vector extension (figures depend on both)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown") \
+        if Path("/proc/cpuinfo").exists() else platform.processor() or "unknown"
+    flags = cpu_flags()
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model}, {widest}, {os.cpu_count()} cores"
 
 
 def time_alternating(optimizers: dict, rounds: int) -> dict[str, list[float]]:
@@ -63,7 +77,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     groups = bert_base_groups(args.config, weight_decay=0.01)
     count = sum(p.numel() for g in groups for p in g["params"])
-    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4)}
+    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4),
+                  "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False)}
     if args.per_parameter:
         optimizers["per-parameter LAMB"] = ReferenceLamb(groups, lr=1e-4)
     load = os.getloadavg()[0]
@@ -71,6 +86,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.config}: {count / 1e6:.1f}M parameters, threads "
           f"{torch.get_num_threads()}, load average {load:.2f} -> {os.getloadavg()[0]:.2f}, "
           f"medians of {args.rounds} alternated rounds")
+    print(f"CPU: {cpu_name()}; LAMB kernel: {'lamb_native.c' if lamb_native.library() else 'none (torch ops)'}")
     print(f"{'optimizer':<20} {'ms/step':>9} {'x fused AdamW':>14}")
     for name, values in times.items():
         ratio = statistics.median(t / a for t, a in zip(values, times["fused AdamW"]))

@@ -68,6 +68,14 @@ def test_wrong_type_names_key_value_and_type(tmp_path):
         load_config(write(tmp_path, "model:\n  gradient_checkpointing: 3\n"))
 
 
+def test_num_workers_is_auto_or_a_count(tmp_path):
+    assert load_config(write(tmp_path, "data:\n  path: d\n")).data.num_workers == "auto"
+    assert load_config(write(tmp_path, "data:\n  path: d\n  num_workers: 3\n")).data.num_workers == 3
+    for bad, why in (("many", "not"), ("-1", "0 or more, or auto")):
+        with pytest.raises(ConfigError, match=rf"data\.num_workers.*{why}"):
+            load_config(write(tmp_path, f"data:\n  path: d\n  num_workers: {bad}\n"))
+
+
 def test_duplicate_yaml_keys_are_errors(tmp_path):
     path = write(tmp_path, "optim:\n  lr: 0.1\n  lr: 0.2\n")
     with pytest.raises(ConfigError, match=r"duplicate key 'lr' at line 3 \(first at line 2\)"):

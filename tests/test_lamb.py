@@ -1,4 +1,5 @@
-"""The multi-tensor LAMB (bertrain/train/lamb.py) against the per-parameter LAMB loop it replaces."""
+"""The multi-tensor LAMB (bertrain/train/lamb.py), with the CPU kernel (lamb_native.c) and with torch ops, against
+the per-parameter LAMB loop it replaces."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from bertrain.config import ModelConfig
 from bertrain.model import build_model
+from bertrain.train import lamb_native
 from bertrain.train.lamb import Lamb
 from bertrain.train.optim import parameter_groups
 from tests.reference_lamb import ReferenceLamb
@@ -53,12 +55,20 @@ def assert_same(model_a, model_b, optimizer_a, optimizer_b, tolerance=1e-6) -> N
             assert torch.allclose(value, other, rtol=1e-5, atol=1e-7), (index, key, float((value - other).abs().max()))
 
 
+@pytest.fixture(params=[True, False], ids=["native", "torch ops"])
+def native(request):
+    """Run the test with lamb_native.c (skipped where no C compiler could build it) and with torch ops."""
+    if request.param and lamb_native.library() is None:
+        pytest.skip("no C compiler built lamb_native.c here")
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["bert", "albert"])
-def test_lamb_equals_per_parameter_lamb(kind):
+def test_lamb_equals_per_parameter_lamb(kind, native):
     reference_model = tiny_model(kind)
     model = copy.deepcopy(reference_model)
     reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
-    optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6, native=native)
     run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
     moved = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
     assert moved > 1e-3  # the steps did change the weights
@@ -72,25 +82,93 @@ def test_lamb_without_fused_kernel_uses_foreach_ops_with_same_result(monkeypatch
     monkeypatch.setattr(torch, "_fused_adam_", unavailable)
     reference_model = tiny_model("bert")
     model = copy.deepcopy(reference_model)
-    reference, optimizer = ReferenceLamb(groups_of(reference_model), lr=1e-2), Lamb(groups_of(model), lr=1e-2)
+    reference = ReferenceLamb(groups_of(reference_model), lr=1e-2)
+    optimizer = Lamb(groups_of(model), lr=1e-2, native=False)
     run_steps([(reference_model, reference), (model, optimizer)], steps=4)
     assert_same(reference_model, model, reference, optimizer)
 
 
-def test_lamb_resumes_from_a_per_parameter_lamb_checkpoint():
+def test_native_kernel_splits_the_work_between_threads_with_the_same_result(monkeypatch):
+    monkeypatch.setattr(lamb_native, "MIN_ELEMENTS_PER_THREAD", 1)  # the tiny model on 3 threads
+    if lamb_native.library() is None:
+        pytest.skip("no C compiler built lamb_native.c here")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        reference_model = tiny_model("albert")
+        model = copy.deepcopy(reference_model)
+        reference, optimizer = ReferenceLamb(groups_of(reference_model), lr=1e-2), Lamb(groups_of(model), lr=1e-2)
+        run_steps([(reference_model, reference), (model, optimizer)], steps=4)
+    finally:
+        torch.set_num_threads(threads)
+    assert_same(reference_model, model, reference, optimizer)
+
+
+def test_cpu_float32_lamb_runs_the_native_kernel(monkeypatch):
+    if lamb_native.library() is None:
+        pytest.skip("no C compiler built lamb_native.c here")
+    calls = []
+    original = lamb_native.lamb_update
+    monkeypatch.setattr(lamb_native, "lamb_update", lambda *args: calls.append(len(args[0])) or original(*args))
+    model = tiny_model("bert")
+    run_steps([(model, Lamb(groups_of(model), lr=1e-2))], steps=1)
+    assert calls and sum(calls) == len(list(model.parameters()))  # both groups, every parameter
+    calls.clear()
+    run_steps([(model, Lamb(groups_of(model), lr=1e-2, native=False))], steps=1)
+    assert not calls
+
+
+@pytest.mark.parametrize("sizes, parts", [([5], 2), ([3, 0, 7, 1], 3), ([1, 1], 4), ([100, 1, 37], 7)])
+def test_split_evenly_covers_each_element_once_in_equal_shares(sizes, parts):
+    shares = lamb_native.split_evenly(sizes, parts)
+    assert len(shares) == parts
+    amounts = [sum(end - first for _, first, end in share) for share in shares]
+    assert max(amounts) - min(amounts) <= 1
+    covered = sorted((t, i) for share in shares for t, first, end in share for i in range(first, end))
+    assert covered == [(t, i) for t, size in enumerate(sizes) for i in range(size)]
+
+
+def test_without_a_compiler_lamb_warns_once_and_uses_torch_ops(monkeypatch):
+    monkeypatch.setattr(lamb_native, "_tried", False)
+    monkeypatch.setattr(lamb_native, "_library", None)
+    monkeypatch.setattr(lamb_native.shutil, "which", lambda name: None)
+    reference_model = tiny_model("bert")
+    model = copy.deepcopy(reference_model)
+    reference, optimizer = ReferenceLamb(groups_of(reference_model), lr=1e-2), Lamb(groups_of(model), lr=1e-2)
+    with pytest.warns(RuntimeWarning, match="no C compiler") as warned:
+        run_steps([(reference_model, reference), (model, optimizer)], steps=2)
+    assert len(warned) == 1 and lamb_native.library() is None
+    assert_same(reference_model, model, reference, optimizer)
+
+
+def test_native_kernel_is_built_into_the_cache_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(lamb_native, "_tried", False)
+    monkeypatch.setattr(lamb_native, "_library", None)
+    if lamb_native.shutil.which(lamb_native.os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here")
+    assert lamb_native.library() is not None
+    built = list((tmp_path / "bertrain" / "kernels").glob("lamb-*.so"))
+    assert len(built) == 1
+    monkeypatch.setattr(lamb_native, "_tried", False)
+    monkeypatch.setattr(lamb_native, "_compile", lambda *a: pytest.fail("compiled again"))
+    assert lamb_native.library() is not None
+
+
+def test_lamb_resumes_from_a_per_parameter_lamb_checkpoint(native):
     reference_model = tiny_model("albert")
     reference = ReferenceLamb(groups_of(reference_model), lr=1e-2)
     run_steps([(reference_model, reference)], steps=3)
     model = copy.deepcopy(reference_model)
-    optimizer = Lamb(groups_of(model), lr=1e-2)
+    optimizer = Lamb(groups_of(model), lr=1e-2, native=native)
     optimizer.load_state_dict(copy.deepcopy(reference.state_dict()))
     run_steps([(reference_model, reference), (model, optimizer)], steps=3, seed=2)
     assert_same(reference_model, model, reference, optimizer)
 
 
-def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch):
+def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):
     model = tiny_model("bert")
-    optimizer = Lamb(groups_of(model), lr=1e-2)
+    optimizer = Lamb(groups_of(model), lr=1e-2, native=native)
     run_steps([(model, optimizer)], steps=1)  # state created
 
     def host_read(*args, **kwargs):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ import torch
 from bertrain.config import DataConfig, load_config
 from bertrain.data import loader as loader_module
 from bertrain.data.format import open_prepared
-from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches
+from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches, worker_count
 from bertrain.errors import UsageError
+from bertrain.train.stream import TrainStream
 from tests.helpers_data import make_prepared_dir
 
 FIELDS = ("input_ids", "attention_mask", "token_type_ids", "labels")
@@ -185,3 +187,45 @@ def test_dataset_pickles_without_its_token_arrays(prepared):
     blob = pickle.dumps(loader.dataset)                     # what a spawn/forkserver worker receives
     assert len(blob) < 64 * len(loader.dataset.plan) + 200_000
     assert_same_batches([loader.dataset[5]], [pickle.loads(blob)[5]])
+
+
+def stream_batches(prepared, data_config, count, *, epoch=0, micro_batch=0, device_type="cpu"):
+    stream = TrainStream(prepared, data_config, seed=3, micro_batch_size=8, rank=0, world_size=1, epoch=epoch,
+                         micro_batch=micro_batch, device_type=device_type)
+    return [stream.next() for _ in range(count)], (stream.epoch, stream.micro_batch)
+
+
+def test_stream_crosses_epochs_with_the_same_batches_and_workers_as_one_loader_per_epoch(prepared, monkeypatch):
+    data_config = config(num_workers=2)
+    per_epoch = num_micro_batches(prepared, data_config, seed=3, epoch=0, micro_batch_size=8, world_size=1)
+    expected = train_batches(prepared, config(), start=per_epoch - 3) + train_batches(prepared, config(), epoch=1)[:4]
+    original = loader_module.RunDataset.__getitem__
+
+    def remember_worker(self, key):  # runs in the worker process; the pid travels back in the batch
+        return {**original(self, key), "pid": torch.tensor(os.getpid())}
+
+    monkeypatch.setattr(loader_module.RunDataset, "__getitem__", remember_worker)
+    batches, position = stream_batches(prepared, data_config, 7, micro_batch=per_epoch - 3)
+    pids = {int(batch.pop("pid")) for batch in batches}
+    assert_same_batches(batches, expected)
+    assert position == (1, 4)
+    assert len(pids) == 2 and os.getpid() not in pids  # the same two workers before and after the epoch's end
+
+
+def test_stream_resumed_mid_run_equals_the_uninterrupted_stream(prepared):
+    per_epoch = num_micro_batches(prepared, config(), seed=3, epoch=0, micro_batch_size=8, world_size=1)
+    whole, _ = stream_batches(prepared, config(), per_epoch + 2)
+    tail, _ = stream_batches(prepared, config(), 4, micro_batch=per_epoch - 2)
+    assert_same_batches(whole[-4:], tail)
+
+
+@pytest.mark.parametrize("setting, device, cores, local, expected", [
+    ("auto", "cpu", 16, 1, 0), ("auto", "cuda", 16, 1, 4), ("auto", "cuda", 16, 8, 1), ("auto", "cuda", 8, 8, 0),
+    ("auto", "cuda", 6, None, 4), (3, "cpu", 16, 1, 3), (0, "cuda", 16, 1, 0)])
+def test_worker_count(setting, device, cores, local, expected, monkeypatch):
+    monkeypatch.setattr(loader_module.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    if local is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    assert worker_count(setting, device) == expected

@@ -42,11 +42,12 @@ class DataConfig:
     ngram_max: int = opt(3, "Longest n-gram (in words) for `masking: ngram`; n is drawn with probability ∝ 1/n.")
     max_predictions_per_seq: Optional[int] = opt(None, "Cap on predicted tokens per sequence (null: no cap).")
     pad_to_multiple_of: int = opt(8, "Dynamic padding rounds the batch length up to a multiple of this.")
-    num_workers: int = opt(
-        0, "DataLoader worker processes (batches are identical for any value). 0 (default) collates in the "
-        "training process: right on a CPU, whose cores the workers would take from the model. On a GPU use 2-4 "
-        "per process: workers stay alive for the epoch and prefetch 4 micro-batches each, and batches are pinned "
-        "and copied with non_blocking on CUDA whatever the value.")
+    num_workers: Union[int, Literal["auto"]] = opt(
+        "auto", "DataLoader worker processes per training process (batches are identical for any value). `auto` "
+        "(default): 0 on a CPU, whose cores the workers would take from the model; on a GPU, the cores of the "
+        "process (cores / processes on the machine) less one, at most 4. Workers serve every epoch of a run and "
+        "prefetch 4 micro-batches each; batches are pinned and copied with non_blocking on CUDA whatever the "
+        "value. Evaluation uses workers only when this is a number.")
     eval_batches: int = opt(20, "Validation batches per evaluation (fixed masks, same every time).")
 
 

@@ -83,8 +83,9 @@ def _validate_data(data: DataConfig, model: ModelConfig) -> None:
         _in_unit_interval(getattr(data, key), f"data.{key}", include_one=True)
     for key in ("ngram_max", "pad_to_multiple_of"):
         _require(getattr(data, key) >= 1, f"data.{key}", "at least 1", getattr(data, key))
-    for key in ("num_workers", "eval_batches"):
-        _require(getattr(data, key) >= 0, f"data.{key}", "0 or more", getattr(data, key))
+    if data.num_workers != "auto":
+        _require(data.num_workers >= 0, "data.num_workers", "0 or more, or auto", data.num_workers)
+    _require(data.eval_batches >= 0, "data.eval_batches", "0 or more", data.eval_batches)
     if data.max_predictions_per_seq is not None:
         _require(data.max_predictions_per_seq >= 1, "data.max_predictions_per_seq", "at least 1 (or null: no cap)",
                  data.max_predictions_per_seq)

@@ -10,9 +10,10 @@ For a CUDA device the loader pins each micro-batch's memory (the step copies it 
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -162,18 +163,66 @@ class MicroBatchLoader:
         return max(self.stop - self.start, 0)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self.num_workers <= 0 or len(self) == 0:
-            for micro_batch in range(self.start, self.stop):
-                batch = self.dataset[micro_batch]
-                yield pinned(batch) if self.pin_memory else batch
-            return
-        from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
+        if len(self) == 0:
+            return iter(())
+        return iterate_micro_batches(self.dataset, range(self.start, self.stop), self.num_workers, self.pin_memory)
 
-        # batch_size=None: each item already is a micro-batch; the sampler is just the index range.
-        loader = DataLoader(self.dataset, batch_size=None, sampler=range(self.start, self.stop),
-                            num_workers=self.num_workers, persistent_workers=True, pin_memory=self.pin_memory,
-                            prefetch_factor=4)
-        yield from loader
+
+def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory: bool) -> Iterator[dict[str, Any]]:
+    """dataset[key] for each key, in this process or from `num_workers` worker processes that live as long as
+    the iterator (each prefetches 4 micro-batches); page-locked when `pin_memory`."""
+    if num_workers <= 0:
+        for key in keys:
+            batch = dataset[key]
+            yield pinned(batch) if pin_memory else batch
+        return
+    from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
+
+    # batch_size=None: each item already is a micro-batch; the sampler is just the keys.
+    yield from DataLoader(dataset, batch_size=None, sampler=keys, num_workers=num_workers, persistent_workers=True,
+                          pin_memory=pin_memory, prefetch_factor=4)
+
+
+def worker_count(setting: int | str, device_type: str) -> int:
+    """`data.num_workers` as a number: `auto` is 0 on a CPU (workers would take the model's cores) and, on an
+    accelerator, the cores this process may use, one kept for the training loop, at most 4."""
+    if setting != "auto":
+        return int(setting)
+    if device_type == "cpu":
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes_here = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)  # set by torchrun / accelerate launch
+    return max(0, min(4, cores // processes_here - 1))
+
+
+class RunDataset:
+    """This rank's training micro-batches of every epoch, item (epoch, m) = micro-batch m of that epoch: one
+    dataset for a whole run, so that worker processes live across epochs (each builds an epoch's plan, cached,
+    when it first meets the epoch)."""
+
+    def __init__(self, prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
+                 world_size: int, layout: Callable | None = None):
+        _check_layout(micro_batch_size, rank, world_size)
+        self.prepared, self.data_config, self.seed, self.layout = prepared, data_config, seed, layout
+        self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
+        self._epoch: MicroBatchDataset | None = None
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
+        epoch, micro_batch = key
+        if self._epoch is None or self._epoch.epoch != epoch:
+            self._epoch = train_dataset(self.prepared, self.data_config, seed=self.seed, epoch=epoch,
+                                        micro_batch_size=self.micro_batch_size, rank=self.rank,
+                                        world_size=self.world_size, layout=self.layout)
+        return self._epoch[micro_batch]
+
+    def __getstate__(self) -> dict:
+        # Worker processes reopen the prepared data (memory maps) instead of receiving a copy.
+        return {**{k: v for k, v in self.__dict__.items() if k not in ("prepared", "_epoch")},
+                "data_path": self.prepared.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.prepared, self._epoch = open_prepared(self.__dict__.pop("data_path")), None
 
 
 def num_micro_batches(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
@@ -183,27 +232,36 @@ def num_micro_batches(prepared: PreparedData, data_config, *, seed: int, epoch: 
     return len(epoch_plan(prepared, data_config, seed=seed, epoch=epoch)) // (micro_batch_size * world_size)
 
 
-def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
-                       rank: int, world_size: int, start_micro_batch: int = 0, layout: Callable | None = None,
-                       pin_memory: bool = False) -> MicroBatchLoader:
-    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1). `layout`: see
-    Collator; `pin_memory`: page-locked batches (for non_blocking copies to a CUDA device)."""
+def train_dataset(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int, rank: int,
+                  world_size: int, layout: Callable | None = None) -> MicroBatchDataset:
+    """This rank's micro-batches of an epoch as a map-style dataset; refuses an epoch with none."""
     _check_layout(micro_batch_size, rank, world_size)
     plan = epoch_plan(prepared, data_config, seed=seed, epoch=epoch)
     dataset = MicroBatchDataset(prepared, data_config, plan, masking_settings(prepared, data_config), split="train",
                                 seed=seed, epoch=epoch, micro_batch_size=micro_batch_size, rank=rank,
                                 world_size=world_size, layout=layout)
-    total = len(dataset)
-    if total == 0:
+    if len(dataset) == 0:
         raise DataError(f"{prepared.path}: the train split gives {len(plan)} instances, fewer than one global "
                         f"micro-batch of {micro_batch_size * world_size}. Use more data or a smaller batch.")
+    return dataset
+
+
+def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
+                       rank: int, world_size: int, start_micro_batch: int = 0, layout: Callable | None = None,
+                       pin_memory: bool = False, device_type: str = "cpu") -> MicroBatchLoader:
+    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1). `layout`: see
+    Collator; `pin_memory`: page-locked batches (for non_blocking copies to a CUDA device)."""
+    dataset = train_dataset(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
+                            rank=rank, world_size=world_size, layout=layout)
+    total = len(dataset)
     if not 0 <= start_micro_batch <= total:
         raise UsageError(f"Cannot start epoch {epoch} at micro-batch {start_micro_batch}: it has {total}.")
-    return MicroBatchLoader(dataset, start_micro_batch, total, data_config.num_workers, pin_memory)
+    return MicroBatchLoader(dataset, start_micro_batch, total, worker_count(data_config.num_workers, device_type),
+                            pin_memory)
 
 
 def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
-                            world_size: int, max_batches: int | None) -> MicroBatchLoader:
+                            world_size: int, max_batches: int | None, device_type: str = "cpu") -> MicroBatchLoader:
     """Up to `max_batches` validation micro-batches with fixed masks (identical every evaluation).
     Empty (len 0) when the data has no validation documents."""
     _check_layout(micro_batch_size, rank, world_size)
@@ -216,4 +274,4 @@ def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, m
                                 split="validation", seed=seed, epoch=VALIDATION_EPOCH,
                                 micro_batch_size=micro_batch_size, rank=rank, world_size=world_size)
     stop = len(dataset) if max_batches is None else min(len(dataset), max_batches)
-    return MicroBatchLoader(dataset, 0, stop, data_config.num_workers)
+    return MicroBatchLoader(dataset, 0, stop, worker_count(data_config.num_workers, device_type))

@@ -1,18 +1,21 @@
 """LAMB as a few multi-tensor passes instead of a dozen kernels per parameter.
 
-torch's fused Adam kernel, called on a scratch buffer U that holds `weight_decay * w` with lr = -1 and
-no weight decay of its own, updates exp_avg / exp_avg_sq in place and leaves
-U = weight_decay * w + m̂ / (sqrt(v̂) + eps), which is LAMB's update, in one pass over memory. What
-remains is the two norms (`_foreach_norm`) and `w -= lr * trust_ratio * U` (one `_foreach_addcmul_`).
-No tensor value is read back to the host, so on CUDA the step never synchronizes. Same update and
-state_dict layout as the per-parameter loop it replaces (per parameter: `step`, `exp_avg`,
+On the CPU (float32), lamb_native.c does the step in two passes over memory where a C compiler could build
+it (lamb_native.py). Elsewhere, and as the fallback: torch's fused Adam kernel, called on a scratch buffer U
+that holds `weight_decay * w` with lr = -1 and no weight decay of its own, updates exp_avg / exp_avg_sq in
+place and leaves U = weight_decay * w + m̂ / (sqrt(v̂) + eps), which is LAMB's update, in one pass over
+memory. What remains is the two norms (`_foreach_norm`) and `w -= lr * trust_ratio * U` (one
+`_foreach_addcmul_`). No tensor value is read back to the host, so on CUDA the step never synchronizes.
+Same update and state_dict layout as the per-parameter loop it replaces (per parameter: `step`, `exp_avg`,
 `exp_avg_sq`, all float32). Measured slower on the 2-core CPU and so left out: cache-sized chunks
-(many small parallel regions) and torch.compile of the step (20-45 s to compile, slower kernels).
-"""
+(many small parallel regions) and torch.compile of the step (16-45 s to compile, slower kernels: its
+moments-and-norms loop alone took 1.7x a fused AdamW step)."""
 
 from __future__ import annotations
 
 import torch
+
+from bertrain.train import lamb_native
 
 
 class Lamb(torch.optim.Optimizer):
@@ -28,8 +31,9 @@ class Lamb(torch.optim.Optimizer):
     accepts_found_inf = True  # train/step.py's optimizer_step sets `found_inf` instead of reading the flag
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, native: bool = True) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.native = native  # False: torch ops on the CPU too (for comparisons)
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}
 
     def __setstate__(self, state: dict) -> None:
@@ -60,12 +64,18 @@ class Lamb(torch.optim.Optimizer):
         steps = [s["step"] for s in states]
         torch._foreach_add_(steps, 1)
         grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
-        updates = [self._scratch_for(p) for p in params]
-        start_with_weight_decay(updates, params, group["weight_decay"])
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
-        if not add_adam_direction(updates, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                                  steps, *group["betas"], group["eps"], found_inf):
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        if self.native and uses_native_kernel(params, grads, exp_avgs, exp_avg_sqs, steps):
+            lamb_native.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
+                                    group["eps"], group["weight_decay"], found_inf)
+            if found_inf is not None:  # the kernel changed nothing; undo the count
+                torch._foreach_sub_(steps, [found_inf] * len(steps))
+            return
+        updates = [self._scratch_for(p) for p in params]
+        start_with_weight_decay(updates, params, group["weight_decay"])
+        if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"], found_inf):
             torch._foreach_sub_(steps, 1)  # skipped (the foreach path read found_inf)
             return
         ratios = trust_ratios(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)),
@@ -80,10 +90,10 @@ class Lamb(torch.optim.Optimizer):
         device (the per-parameter LAMB kept it on the CPU; the fused kernel reads it on the device)."""
         state = self.state[param]
         if not state:
-            state["step"] = torch.tensor(0.0)
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
             state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
             state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
-        if state["step"].device != param.device:
+        if state["step"].device != param.device or state["step"].dtype != torch.float32:
             state["step"] = state["step"].to(param.device, torch.float32)
         return state
 
@@ -93,6 +103,12 @@ class Lamb(torch.optim.Optimizer):
             buffer = self._scratch[param] = torch.empty_like(param, dtype=torch.float32,
                                                              memory_format=torch.contiguous_format)
         return buffer
+
+
+def uses_native_kernel(*tensor_lists: list[torch.Tensor]) -> bool:
+    """On the CPU, float32 and contiguous: lamb_native.c's two passes (where a C compiler built it)."""
+    return (tensor_lists[0][0].device.type == "cpu" and lamb_native.library() is not None
+            and lamb_native.eligible([t for tensors in tensor_lists for t in tensors]))
 
 
 def start_with_weight_decay(updates: list[torch.Tensor], params: list[torch.Tensor], weight_decay: float) -> None:

@@ -111,7 +111,7 @@ class Trainer:
         checkpoint_bytes = run_state.estimated_checkpoint_bytes(num_parameters)
         stream = TrainStream(self.prepared, config.data, seed=train.seed, micro_batch_size=micro_batch_size,
                              rank=rank, world_size=world, epoch=state.epoch, micro_batch=state.micro_batch,
-                             layout=batch_layout, pin_memory=accelerator.device.type == "cuda")
+                             layout=batch_layout, device_type=accelerator.device.type)
         epoch_length = stream.epoch_length(0)
         total_steps = schedule_length(config, self.prepared, epoch_length, micro_batch_size, world)
         if resume_path is None:

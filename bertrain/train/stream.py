@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from bertrain.data.loader import build_train_loader, num_micro_batches
+from bertrain.data.loader import RunDataset, iterate_micro_batches, num_micro_batches, worker_count
 from bertrain.errors import DataError
 from bertrain.train.state import isolated_torch_rng
 
@@ -17,11 +17,13 @@ class TrainStream:
     """This rank's micro-batches from a saved (epoch, micro_batch) position on, across epochs."""
 
     def __init__(self, prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int,
-                 epoch: int, micro_batch: int, layout: Callable | None = None, pin_memory: bool = False) -> None:
+                 epoch: int, micro_batch: int, layout: Callable | None = None, device_type: str = "cpu") -> None:
         """layout: the model's batch_layout, built by the collator into each batch (key "layout");
-        pin_memory: page-locked batches, for non_blocking copies to a CUDA device."""
+        device_type: where the batches go (on CUDA they are page-locked, for non_blocking copies, and
+        `data.num_workers: auto` starts worker processes, which then serve every epoch)."""
         self.prepared, self.data_config, self.seed = prepared, data_config, seed
-        self.layout, self.pin_memory = layout, pin_memory
+        self.layout, self.pin_memory = layout, device_type == "cuda"
+        self.num_workers = worker_count(data_config.num_workers, device_type)
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self.epoch, self.micro_batch = epoch, micro_batch
         self._iterator: Iterator | None = None
@@ -45,13 +47,22 @@ class TrainStream:
         """The next micro-batch; (epoch, micro_batch) then points after it."""
         with isolated_torch_rng():
             if self.micro_batch >= self.epoch_length(self.epoch):
-                self.epoch, self.micro_batch, self._iterator = self.epoch + 1, 0, None
+                self.epoch, self.micro_batch = self.epoch + 1, 0
                 self.epoch_length(self.epoch)  # refuses an epoch with no complete micro-batch
             if self._iterator is None:
-                self._iterator = iter(build_train_loader(
-                    self.prepared, self.data_config, seed=self.seed, epoch=self.epoch,
-                    micro_batch_size=self.micro_batch_size, rank=self.rank, world_size=self.world_size,
-                    start_micro_batch=self.micro_batch, layout=self.layout, pin_memory=self.pin_memory))
+                dataset = RunDataset(self.prepared, self.data_config, seed=self.seed,
+                                     micro_batch_size=self.micro_batch_size, rank=self.rank,
+                                     world_size=self.world_size, layout=self.layout)
+                self._iterator = iterate_micro_batches(dataset, self._positions(), self.num_workers, self.pin_memory)
             batch = next(self._iterator)
         self.micro_batch += 1
         return batch
+
+    def _positions(self) -> Iterator[tuple[int, int]]:
+        """(epoch, micro_batch) from the current position on, through every later epoch."""
+        epoch, micro_batch = self.epoch, self.micro_batch
+        while True:
+            with isolated_torch_rng():
+                length = self.epoch_length(epoch)
+            yield from ((epoch, m) for m in range(micro_batch, length))
+            epoch, micro_batch = epoch + 1, 0
