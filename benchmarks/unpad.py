@@ -1,18 +1,21 @@
 """Training-step throughput in REAL tokens/s: the unpadded (packed) encoder path against the padded
 forward, on NSP micro-batches of a real prepared corpus (the pydoc recipe), in one process, runs
-alternated (order reversed every round) on the same batches, medians reported. Not part of the suite.
+alternated (order reversed every round; each round gives both paths the same batches, a different set from
+the other rounds), rates over all timed steps. Not part of the suite.
 
     python benchmarks/unpad.py                                   # prepares the pydoc corpus in a cache dir
-    python benchmarks/unpad.py --data data/pydoc --shapes bert-base --rounds 3
+    python benchmarks/unpad.py --data data/pydoc --shapes bert-base --rounds 4
 
-A step is forward, backward and AdamW(fused), on batches carrying the collator's BatchLayout as in training. "pad" is the share of padding in the
-timed padded batches (what the unpadded path does not compute).
+A step is forward, backward and AdamW(fused), on batches carrying the collator's BatchLayout as in training.
+"pad" is the share of padding in the timed padded batches (what the unpadded path does not compute), "epoch
+pad" the share over 200 micro-batches spread over the epoch (how typical the timed ones are); "FLOP
+ratio" is the padded step's FLOPs over the unpadded step's on the same batches (step_flops): the speed-up
+that removing the padded work alone would give.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,7 @@ from bertrain.data.loader import build_train_loader
 from bertrain.model import build_model
 from bertrain.model.layout import batch_layout
 
+EPOCH_SAMPLE = 200  # micro-batches spread over the epoch for its padding share ("epoch pad")
 SHAPES = {  # name: (hidden, layers, heads, intermediate, {seq: micro-batch})
     "tiny": (128, 2, 2, 512, {128: 32, 512: 8}),
     "small": (256, 4, 4, 1024, {128: 16, 512: 4}),
@@ -53,8 +57,27 @@ def sample_batches(data: Path, seq: int, micro_batch: int, count: int) -> list[d
     return [loader.dataset[i * stride] for i in range(min(count, len(loader.dataset)))]
 
 
+def step_flops(batch: dict, hidden: int, layers: int, intermediate: int, vocab: int, unpadded: bool) -> float:
+    """FLOPs of one training step (forward + backward = 3 forwards) on the work each path does: projections
+    and feed-forward on every row it keeps (the last layer's output and feed-forward only where the losses
+    look), attention over each row's (bucket's) width, and the MLM head at the predicted positions, which
+    both paths share and which bounds the speed-up at a short length."""
+    layout = batch["layout"]
+    B, T, H = layout.batch_size, layout.width, hidden
+    if unpadded:
+        rows, last_rows = layout.real_tokens, B + layout.predicted
+        attention = sum(b * width * width for b, width in (bucket.shape for bucket in layout.packing.buckets))
+    else:
+        rows, last_rows, attention = B * T, B * layout.max_needed, B * T * T
+    per_row = 4 * H * H + 2 * H * intermediate                       # QKV, output, feed-forward
+    macs = (layers - 1) * rows * per_row + rows * 3 * H * H + last_rows * (H * H + 2 * H * intermediate)
+    macs += layers * 2 * attention * H                                 # QK^T and attention·V
+    macs += layout.predicted * (H * H + H * vocab)                     # MLM transform and decoder
+    return 3 * 2 * macs
+
+
 def step_fn(model, batches: list[dict], unpadded: bool):
-    """One training step per call, cycling through the batches; returns the real tokens it processed."""
+    """One training step per call, through the batches in order; returns the real tokens it processed."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     state = {"next": 0}
 
@@ -71,19 +94,23 @@ def step_fn(model, batches: list[dict], unpadded: bool):
     return step
 
 
-def alternate(steps: dict, rounds: int, per_round: int) -> dict[str, float]:
-    """Median real tokens/s of each step function, alternated (order reversed every round)."""
-    rates: dict[str, list[float]] = {name: [] for name in steps}
+def alternate(steps: dict, rounds: int, per_round: int) -> dict[str, tuple[int, float]]:
+    """(real tokens, seconds) of each step function over all rounds, alternated (order reversed every round);
+    round r gives every function the same `per_round` batches."""
+    totals = {name: [0, 0.0] for name in steps}
     for fn in steps.values():  # warm up
         fn()
     order = list(steps.items())
     for r in range(rounds):
         for name, fn in (order if r % 2 == 0 else order[::-1]):
-            start, tokens = time.perf_counter(), 0
-            for _ in range(per_round):
-                tokens += fn()
-            rates[name].append(tokens / (time.perf_counter() - start))
-    return {name: statistics.median(values) for name, values in rates.items()}
+            start = time.perf_counter()
+            totals[name][0] += sum(fn() for _ in range(per_round))
+            totals[name][1] += time.perf_counter() - start
+    return {name: (tokens, seconds) for name, (tokens, seconds) in totals.items()}
+
+
+def padding_share(batches: list[dict]) -> float:
+    return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["attention_mask"].numel() for b in batches)
 
 
 def main() -> None:
@@ -91,17 +118,17 @@ def main() -> None:
     parser.add_argument("--data", help="Prepared DATA_DIR (default: prepare the pydoc recipe in a cache dir).")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--seqs", default="128,512")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=8, help="Micro-batches sampled across the epoch.")
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--hidden-dropout", type=float, default=0.1)
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     args = parser.parse_args()
 
     data = Path(args.data) if args.data else prepared_pydoc(Path(tempfile.gettempdir()) / "bertrain-bench-pydoc")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, data {data}, NSP, hidden dropout "
-          f"{args.hidden_dropout}, attention dropout {args.attention_dropout}, AdamW(fused), medians of "
-          f"{args.rounds} alternated rounds")
-    print(f"{'shape':<10} {'seq':>4} {'batch':>5} {'pad':>5} {'padded tok/s':>12} {'unpadded tok/s':>14} {'ratio':>6}")
+          f"{args.hidden_dropout}, attention dropout {args.attention_dropout}, AdamW(fused), {args.rounds} "
+          f"alternated rounds, each on batches of its own")
+    print(f"{'shape':<10} {'seq':>4} {'batch':>5} {'epoch pad':>9} {'pad':>5} {'padded tok/s':>12} "
+          f"{'unpadded tok/s':>14} {'ratio':>6} {'FLOP ratio':>10}")
     for seq in (int(s) for s in args.seqs.split(",")):
         for name in args.shapes.split(","):
             H, L, heads, inter, micro = SHAPES[name]
@@ -111,15 +138,19 @@ def main() -> None:
                                  attention_probs_dropout_prob=args.attention_dropout)
             torch.manual_seed(0)
             model = build_model(config).train()
-            batches = sample_batches(data, seq, micro[seq], count=args.batches)
-            per_round = 1 if H >= 768 else 4
-            timed = [batches[i % len(batches)] for i in range(1, 1 + args.rounds * per_round)]  # after warm-up
-            real = sum(int(b["attention_mask"].sum()) for b in timed)
-            padded_tokens = sum(b["attention_mask"].numel() for b in timed)
-            rates = alternate({"padded": step_fn(model, batches, False), "unpadded": step_fn(model, batches, True)},
-                              args.rounds, per_round)
-            print(f"{name:<10} {seq:>4} {micro[seq]:>5} {1 - real / padded_tokens:>5.0%} {rates['padded']:>12.0f} "
-                  f"{rates['unpadded']:>14.0f} {rates['unpadded'] / rates['padded']:>5.2f}x", flush=True)
+            per_round = 2 if H >= 768 else 4
+            # distinct batches spread over the epoch: batches[0] warms up, every other one is timed once per path
+            batches = sample_batches(data, seq, micro[seq], count=1 + args.rounds * per_round)
+            timed = batches[1:]
+            epoch_share = padding_share(sample_batches(data, seq, micro[seq], count=EPOCH_SAMPLE))
+            flops = {unpadded: sum(step_flops(b, H, L, inter, config.vocab_size, unpadded) for b in timed)
+                     for unpadded in (False, True)}
+            totals = alternate({"padded": step_fn(model, batches, False), "unpadded": step_fn(model, batches, True)},
+                               args.rounds, per_round)
+            rate = {path: tokens / seconds for path, (tokens, seconds) in totals.items()}
+            print(f"{name:<10} {seq:>4} {micro[seq]:>5} {epoch_share:>9.0%} {padding_share(timed):>5.0%} "
+                  f"{rate['padded']:>12.0f} {rate['unpadded']:>14.0f} {rate['unpadded'] / rate['padded']:>5.2f}x "
+                  f"{flops[False] / flops[True]:>9.2f}x", flush=True)
             del model
 
 

@@ -8,8 +8,8 @@ It mirrors the padded forward: the last layer runs its output projection and fee
 [CLS] and predicted rows (needed_rows), gradient checkpointing recomputes each layer in backward,
 and the MLM head sees only the predicted rows.
 
-Why: on the prepared CPython docs 16-18% of the padded tokens at seq 128 and 38-59% at seq 512 are
-padding (NSP), and nearly every batch holds one full-length row; see benchmarks/unpad.py. Training
+Why: on the prepared CPython docs 18% of the padded tokens at seq 128 and 47-51% at seq 512 are
+padding (NSP, over an epoch), and nearly every batch holds one full-length row; see benchmarks/unpad.py. Training
 and evaluation use it (PreTrainingModel.forward with labels); inference and export stay padded.
 """
 
