@@ -23,7 +23,7 @@ class Lamb(torch.optim.Optimizer):
 
     update = m̂ / (sqrt(v̂) + eps) + weight_decay * w;  w -= lr * trust_ratio * update,
     trust_ratio = ||w|| / ||update|| when both norms are positive, else 1.
-    Keeps one float32 scratch tensor per parameter (not part of the state_dict). Like torch's fused AdamW it
+    The torch-op path keeps one float32 scratch tensor per parameter (not in the state_dict). Like fused AdamW it
     takes a `found_inf` attribute (a device scalar, 1 = skip): set before `step()`, a non-finite step then
     leaves parameters, moments and step counts as they were without reading the flag on the host.
     """
