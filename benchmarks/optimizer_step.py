@@ -24,8 +24,8 @@ from bertrain.config import load_config
 from bertrain.model import build_model
 from bertrain.train import lamb_native
 from bertrain.train.lamb import Lamb
-from bertrain.train.precision import cpu_flags
 from bertrain.train.optim import parameter_groups
+from bertrain.train.precision import cpu_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
 from tests.reference_lamb import ReferenceLamb  # noqa: E402  (one copy of the old LAMB)
@@ -44,9 +44,10 @@ def bert_base_groups(config_name: str, weight_decay: float) -> list[dict]:
 
 def cpu_name() -> str:
     """The CPU's model name and widest vector extension (figures depend on both)."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or "unknown") \
-        if Path("/proc/cpuinfo").exists() else platform.processor() or "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                 platform.processor() or "unknown")
     flags = cpu_flags()
     widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return f"{model}, {widest}, {os.cpu_count()} cores"

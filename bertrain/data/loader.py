@@ -250,7 +250,8 @@ def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch:
                        rank: int, world_size: int, start_micro_batch: int = 0, layout: Callable | None = None,
                        pin_memory: bool = False, device_type: str = "cpu") -> MicroBatchLoader:
     """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1). `layout`: see
-    Collator; `pin_memory`: page-locked batches (for non_blocking copies to a CUDA device)."""
+    Collator; `pin_memory`: page-locked batches (for non_blocking copies to a CUDA device); `device_type`
+    resolves `data.num_workers: auto` (worker_count)."""
     dataset = train_dataset(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
                             rank=rank, world_size=world_size, layout=layout)
     total = len(dataset)
@@ -263,7 +264,7 @@ def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch:
 def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
                             world_size: int, max_batches: int | None, device_type: str = "cpu") -> MicroBatchLoader:
     """Up to `max_batches` validation micro-batches with fixed masks (identical every evaluation).
-    Empty (len 0) when the data has no validation documents."""
+    Empty (len 0) when the data has no validation documents. `device_type` resolves `num_workers: auto`."""
     _check_layout(micro_batch_size, rank, world_size)
     entry = prepared.manifest.get("splits", {}).get("validation")
     empty = MicroBatchLoader(None, 0, 0)  # type: ignore[arg-type]
