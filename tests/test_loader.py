@@ -189,9 +189,9 @@ def test_dataset_pickles_without_its_token_arrays(prepared):
     assert_same_batches([loader.dataset[5]], [pickle.loads(blob)[5]])
 
 
-def stream_batches(prepared, data_config, count, *, epoch=0, micro_batch=0, device_type="cpu"):
-    stream = TrainStream(prepared, data_config, seed=3, micro_batch_size=8, rank=0, world_size=1, epoch=epoch,
-                         micro_batch=micro_batch, device_type=device_type)
+def stream_batches(prepared, data_config, count, *, micro_batch=0):
+    stream = TrainStream(prepared, data_config, seed=3, micro_batch_size=8, rank=0, world_size=1, epoch=0,
+                         micro_batch=micro_batch)
     return [stream.next() for _ in range(count)], (stream.epoch, stream.micro_batch)
 
 

@@ -169,36 +169,33 @@ def no_dropout_baseline(workdir, data):
     return run_dir
 
 
-def test_accumulation_matches_full_batch_and_resumes_exactly(workdir, data, no_dropout_baseline):
-    config = write_config(workdir / "accumulate.yaml", model={"hidden_dropout_prob": 0.0},
-                          train={"max_steps": STEPS, "save_every": N, "eval_every": 0,
-                                 "gradient_accumulation_steps": 2})
-    reference_dir = workdir / "accumulate_ref"
+def assert_matches_baseline_and_resumes_exactly(config, data, workdir, name: str, baseline_dir) -> None:
+    """An uninterrupted run of `config` has the baseline's losses up to float rounding, and one stopped at
+    step N and resumed equals it exactly."""
+    reference_dir = workdir / f"{name}_ref"
     resume(config, data, reference_dir)
-    baseline, accumulated = train_losses(no_dropout_baseline), train_losses(reference_dir)
-    for step in baseline:  # 2 micro-batches of 4 ≡ 1 of 8 up to float rounding
-        assert accumulated[step] == pytest.approx(baseline[step], abs=1e-5)
-
-    run_dir = workdir / "accumulate_resumed"
+    baseline, losses = train_losses(baseline_dir), train_losses(reference_dir)
+    for step in baseline:
+        assert losses[step] == pytest.approx(baseline[step], abs=1e-5)
+    run_dir = workdir / f"{name}_resumed"
     first = run_pretrain(config, data, run_dir, "--set", f"train.stop_at_step={N}")
     assert first.returncode == 0, explain(first)
     resume(config, data, run_dir)
     assert_resumed_exactly(run_dir, reference_dir)
+
+
+def test_accumulation_matches_full_batch_and_resumes_exactly(workdir, data, no_dropout_baseline):
+    config = write_config(workdir / "accumulate.yaml", model={"hidden_dropout_prob": 0.0},
+                          train={"max_steps": STEPS, "save_every": N, "eval_every": 0,
+                                 "gradient_accumulation_steps": 2})
+    # 2 micro-batches of 4 ≡ 1 of 8
+    assert_matches_baseline_and_resumes_exactly(config, data, workdir, "accumulate", no_dropout_baseline)
 
 
 def test_unpadded_path_resumes_exactly_and_matches_the_padded_one(workdir, data, no_dropout_baseline):
     config = write_config(workdir / "unpad.yaml", model={"hidden_dropout_prob": 0.0, "unpad": "true"},
                           train={"max_steps": STEPS, "save_every": N, "eval_every": N})
-    reference_dir = workdir / "unpad_ref"
-    resume(config, data, reference_dir)
-    padded, unpadded = train_losses(no_dropout_baseline), train_losses(reference_dir)
-    for step in padded:  # same losses as the padded path up to float rounding
-        assert unpadded[step] == pytest.approx(padded[step], abs=1e-5)
-    run_dir = workdir / "unpad_resumed"
-    first = run_pretrain(config, data, run_dir, "--set", f"train.stop_at_step={N}")
-    assert first.returncode == 0, explain(first)
-    resume(config, data, run_dir)
-    assert_resumed_exactly(run_dir, reference_dir)
+    assert_matches_baseline_and_resumes_exactly(config, data, workdir, "unpad", no_dropout_baseline)
 
 
 @pytest.mark.slow

@@ -151,13 +151,11 @@ def pinned(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 class MicroBatchLoader:
-    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers
-    (kept alive across this loader's iterations), pinned when `pin_memory`."""
+    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers (training
+    runs use train/stream.py's TrainStream, which also pins batches for a CUDA device)."""
 
-    def __init__(self, dataset: MicroBatchDataset, start: int, stop: int, num_workers: int = 0,
-                 pin_memory: bool = False):
+    def __init__(self, dataset: MicroBatchDataset, start: int, stop: int, num_workers: int = 0):
         self.dataset, self.start, self.stop, self.num_workers = dataset, start, stop, num_workers
-        self.pin_memory = pin_memory
 
     def __len__(self) -> int:
         return max(self.stop - self.start, 0)
@@ -165,7 +163,7 @@ class MicroBatchLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if len(self) == 0:
             return iter(())
-        return iterate_micro_batches(self.dataset, range(self.start, self.stop), self.num_workers, self.pin_memory)
+        return iterate_micro_batches(self.dataset, range(self.start, self.stop), self.num_workers, pin_memory=False)
 
 
 def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory: bool) -> Iterator[dict[str, Any]]:
@@ -247,24 +245,23 @@ def train_dataset(prepared: PreparedData, data_config, *, seed: int, epoch: int,
 
 
 def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
-                       rank: int, world_size: int, start_micro_batch: int = 0, layout: Callable | None = None,
-                       pin_memory: bool = False, device_type: str = "cpu") -> MicroBatchLoader:
-    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1). `layout`: see
-    Collator; `pin_memory`: page-locked batches (for non_blocking copies to a CUDA device); `device_type`
-    resolves `data.num_workers: auto` (worker_count)."""
+                       rank: int, world_size: int, start_micro_batch: int = 0,
+                       layout: Callable | None = None) -> MicroBatchLoader:
+    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1), for CPU-side tools
+    (`num_workers: auto` is 0 here). `layout`: see Collator."""
     dataset = train_dataset(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
                             rank=rank, world_size=world_size, layout=layout)
     total = len(dataset)
     if not 0 <= start_micro_batch <= total:
         raise UsageError(f"Cannot start epoch {epoch} at micro-batch {start_micro_batch}: it has {total}.")
-    return MicroBatchLoader(dataset, start_micro_batch, total, worker_count(data_config.num_workers, device_type),
-                            pin_memory)
+    return MicroBatchLoader(dataset, start_micro_batch, total, worker_count(data_config.num_workers, "cpu"))
 
 
 def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
-                            world_size: int, max_batches: int | None, device_type: str = "cpu") -> MicroBatchLoader:
+                            world_size: int, max_batches: int | None) -> MicroBatchLoader:
     """Up to `max_batches` validation micro-batches with fixed masks (identical every evaluation).
-    Empty (len 0) when the data has no validation documents. `device_type` resolves `num_workers: auto`."""
+    Empty (len 0) when the data has no validation documents. `num_workers: auto` is 0 here: workers would
+    start anew for a few batches at every evaluation."""
     _check_layout(micro_batch_size, rank, world_size)
     entry = prepared.manifest.get("splits", {}).get("validation")
     empty = MicroBatchLoader(None, 0, 0)  # type: ignore[arg-type]
@@ -275,4 +272,4 @@ def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, m
                                 split="validation", seed=seed, epoch=VALIDATION_EPOCH,
                                 micro_batch_size=micro_batch_size, rank=rank, world_size=world_size)
     stop = len(dataset) if max_batches is None else min(len(dataset), max_batches)
-    return MicroBatchLoader(dataset, 0, stop, worker_count(data_config.num_workers, device_type))
+    return MicroBatchLoader(dataset, 0, stop, worker_count(data_config.num_workers, "cpu"))

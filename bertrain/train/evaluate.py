@@ -17,7 +17,7 @@ _warned: set[str] = set()
 def validation_loader(prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int):
     """Up to data.eval_batches validation micro-batches. When the split has fewer instances than one
     micro-batch (a small corpus), one smaller micro-batch of all of them instead: evaluate on what there is."""
-    def build(size: int):  # `num_workers: auto` is 0 here: workers would start anew for a few batches each time
+    def build(size: int):
         return build_validation_loader(prepared, data_config, seed=seed, micro_batch_size=size, rank=rank,
                                        world_size=world_size, max_batches=data_config.eval_batches)
 

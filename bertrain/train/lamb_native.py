@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from bertrain.train.precision import cpu_flags
+
 SOURCE = Path(__file__).with_name("lamb_native.c")
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]
 MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this a second thread costs more than it saves
@@ -34,6 +36,7 @@ _library: ctypes.CDLL | None = None
 _tried = False
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 
 
 def library() -> ctypes.CDLL | None:
@@ -101,10 +104,10 @@ def _address_table(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def _run(calls: list[tuple]) -> None:
     """Each call on its own thread (the first on this one), then wait for all."""
-    global _pool
-    if len(calls) > 1 and (_pool is None or _pool._max_workers < len(calls) - 1):
-        _pool = ThreadPoolExecutor(len(calls) - 1, thread_name_prefix="bertrain-lamb")
-    futures = [_pool.submit(function, *args) for function, *args in calls[1:]] if len(calls) > 1 else []
+    global _pool, _pool_size
+    if len(calls) - 1 > _pool_size:
+        _pool, _pool_size = ThreadPoolExecutor(len(calls) - 1, thread_name_prefix="bertrain-lamb"), len(calls) - 1
+    futures = [_pool.submit(function, *args) for function, *args in calls[1:]]
     function, *args = calls[0]
     try:
         function(*args)
@@ -132,11 +135,8 @@ def _load() -> ctypes.CDLL | None:
 
 
 def _key(compiler: str, flags: list[str]) -> str:
-    cpu = ""
-    try:  # the library is built for this CPU's instructions: a shared cache on a mixed cluster keeps one per CPU
-        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        pass
+    # The library is built for this CPU's instructions: a shared cache on a mixed cluster keeps one per CPU.
+    cpu = " ".join(sorted(cpu_flags()))
     text = "\n".join([SOURCE.read_text(), compiler, " ".join(flags), platform.machine(), cpu])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
