@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import random
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from bertrain.config import DataConfig
 from bertrain.data.format import open_prepared
 from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings, split_index
-from bertrain.data.pairs import build_plan, truncate_pair
+from bertrain.data.pairs import build_plan
 from bertrain.errors import DataError
 from tests.helpers_data import make_prepared_dir
 
@@ -28,49 +28,13 @@ def sigma_bound(p: float, n: int, sigmas: float = 5.0) -> float:
 
 def plans(prepared, objective: str, epochs: range, **settings) -> list:
     index = split_index(prepared, "train")
-    defaults = {"max_seq_length": 32, "short_seq_prob": 0.1}
+    defaults = {"max_seq_length": 64, "short_seq_prob": 0.1}
     return [build_plan(index, objective=objective, seed=7, epoch=e, **{**defaults, **settings}) for e in epochs]
 
 
 def document_end_token(index, document: np.ndarray) -> np.ndarray:
     last = index.document_first[document + 1] - 1
     return index.sentence_start[last] + index.sentence_cum[last + 1] - index.sentence_cum[last]
-
-
-def google_truncate(a: int, b: int, max_tokens: int) -> tuple[int, int]:
-    """Google's truncate_seq_pair, on lengths."""
-    while a + b > max_tokens:
-        if a > b:
-            a -= 1
-        else:
-            b -= 1
-    return a, b
-
-
-def test_truncation_lengths_match_google_loop():
-    rng = random.Random(0)
-    cases = [(rng.randint(1, 300), rng.randint(1, 300), rng.randint(2, 256)) for _ in range(3000)]
-    cases += [(5, 5, 9), (5, 5, 10), (7, 2, 8), (2, 7, 8), (1, 300, 125), (64, 64, 125)]
-    a, b, m = (np.array(x) for x in zip(*cases))
-    for max_tokens in np.unique(m):
-        rows = m == max_tokens
-        new_a, new_b = truncate_pair(a[rows], b[rows], int(max_tokens))
-        expected = [google_truncate(x, y, int(max_tokens)) for x, y in zip(a[rows], b[rows])]
-        assert list(zip(new_a.tolist(), new_b.tolist())) == expected
-
-
-def test_truncation_with_a_coin_is_the_mirror_of_google_where_the_coin_says_so():
-    rng = np.random.default_rng(0)
-    a, b = rng.integers(1, 200, 5000), rng.integers(1, 200, 5000)
-    coin = rng.random(5000) < 0.5
-    new_a, new_b = truncate_pair(a, b, 125, a_keeps_extra=coin)
-    for x, y, heads, got_a, got_b in zip(a, b, coin, new_a, new_b):
-        expected = google_truncate(x, y, 125) if heads else google_truncate(y, x, 125)[::-1]
-        assert (got_a, got_b) == expected
-    # Ties and odd budgets: each side keeps the extra token half of the time.
-    tie_a, tie_b = truncate_pair(np.full(4000, 80), np.full(4000, 80), 125, a_keeps_extra=rng.random(4000) < 0.5)
-    assert set(zip(tie_a.tolist(), tie_b.tolist())) == {(63, 62), (62, 63)}
-    assert abs((tie_a > tie_b).mean() - 0.5) < sigma_bound(0.5, 4000)
 
 
 def test_instances_are_assembled_from_the_plan_spans(prepared):
@@ -98,24 +62,26 @@ def test_instances_are_assembled_from_the_plan_spans(prepared):
 
 
 def test_nsp_half_negatives_always_from_another_document(prepared):
-    epoch_plans = plans(prepared, "nsp", range(4))
+    epoch_plans = plans(prepared, "nsp", range(5))
     label = np.concatenate([p.sentence_label for p in epoch_plans])
+    label = label[label != -100]           # a piece of a sentence longer than an instance: MLM only
     assert len(label) >= 10_000
     assert abs((label == 0).mean() - 0.5) < sigma_bound(0.5, len(label))
     for plan in epoch_plans:
         negative = plan.sentence_label == 1
         assert (plan.b_document[negative] != plan.document[negative]).all()
         # Positives: B follows A inside the same document (truncation may cut A's end only).
-        positive = ~negative
+        positive = plan.sentence_label == 0
         assert (plan.b_document[positive] == plan.document[positive]).all()
         assert (plan.b_start[positive] >= plan.a_start[positive] + plan.a_length[positive]).all()
         assert (plan.a_length >= 1).all() and (plan.b_length >= 1).all()
-        assert (plan.a_length + plan.b_length <= 32 - 3).all()
+        assert (plan.a_length + plan.b_length <= 64 - 3).all()
 
 
 def test_sop_negatives_are_exact_swaps_of_positives(prepared):
     epoch_plans = plans(prepared, "sop", range(6))
     label = np.concatenate([p.sentence_label for p in epoch_plans])
+    label = label[label != -100]
     assert len(label) >= 10_000
     assert abs((label == 0).mean() - 0.5) < sigma_bound(0.5, len(label))
     untruncated_negatives = 0
@@ -127,7 +93,7 @@ def test_sop_negatives_are_exact_swaps_of_positives(prepared):
         second_start = np.where(negative, plan.a_start, plan.b_start)
         assert (first_end <= second_start).all()
         # When nothing was truncated the two segments are adjacent: the negative is the positive swapped.
-        whole = plan.a_length + plan.b_length < 32 - 3
+        whole = plan.a_length + plan.b_length < 64 - 3
         assert (first_end[whole] == second_start[whole]).all()
         assert first_start[whole].min() >= 0
         untruncated_negatives += int((whole & negative).sum())
@@ -142,13 +108,19 @@ def test_segments_start_and_end_at_sentence_boundaries_unless_truncated(prepared
     starts = set(index.sentence_start.tolist()) | {int(index.sentence_cum[-1])}
     for objective in ("sop", "nsp"):
         plan = build_plan(index, objective=objective, max_seq_length=64, short_seq_prob=1.0, seed=1, epoch=0)
-        assert (plan.sentence_label != -100).all()          # every document here has several sentences
-        whole = plan.a_length + plan.b_length < 64 - 3
+        labelled = plan.sentence_label != -100
+        # Every document here has several sentences: an instance without a label lies inside one sentence
+        # (a piece of a sentence longer than an instance, or NSP's last sentence of a document, put back).
+        inside = np.searchsorted(index.sentence_cum, np.stack([plan.a_start, plan.b_start + plan.b_length - 1]),
+                                 side="right")
+        assert (inside[0] == inside[1])[~labelled].all() and labelled.mean() > 0.6
+        whole = labelled & (plan.a_length + plan.b_length < 64 - 3)
         assert whole.sum() > 0.2 * len(plan)
         for start, length in ((plan.a_start, plan.a_length), (plan.b_start, plan.b_length)):
             assert all(int(x) in starts for x in start[whole])
             assert all(int(x) in starts for x in (start + length)[whole])
-        assert abs((plan.sentence_label == 0).mean() - 0.5) < sigma_bound(0.5, len(plan))
+        label = plan.sentence_label[labelled]
+        assert abs((label == 0).mean() - 0.5) < sigma_bound(0.5, len(label))
 
 
 def test_one_sentence_documents_get_no_sentence_label_and_stay_for_mlm(tmp_path):
@@ -163,10 +135,14 @@ def test_one_sentence_documents_get_no_sentence_label_and_stay_for_mlm(tmp_path)
     index.document_first = np.asarray(cut, dtype=np.int64)
     single = np.diff(index.document_first) == 1
     for objective in ("sop", "nsp"):
-        plan = build_plan(index, objective=objective, max_seq_length=32, short_seq_prob=0.1, seed=3, epoch=0)
+        plan = build_plan(index, objective=objective, max_seq_length=128, short_seq_prob=0.1, seed=3, epoch=0)
         unlabelled = plan.sentence_label == -100
-        assert set(plan.document[unlabelled].tolist()) == set(np.flatnonzero(single).tolist())
-        assert not unlabelled[~single[plan.document]].any()
+        assert unlabelled[single[plan.document]].all()
+        # Elsewhere only a piece of a sentence longer than an instance (MLM only) has no sentence label, or
+        # (NSP) a document's last sentence paired with the one before it, whose B a negative replaced.
+        sentence = np.searchsorted(index.sentence_cum, plan.a_start, side="right") - 1
+        alone = (np.diff(index.sentence_cum)[sentence] > 128 - 3) | np.isin(sentence, index.document_first - 1)
+        assert alone[unlabelled & ~single[plan.document]].all()
         assert ((plan.a_length >= 1) & (plan.b_length >= 1)).all()
         assert (plan.b_document[unlabelled] == plan.document[unlabelled]).all()
         labelled = plan.sentence_label[~unlabelled]
@@ -179,7 +155,9 @@ def test_sop_pair_lengths_are_symmetric(prepared):
     epoch_plans = plans(prepared, "sop", range(8))
     label, a, b = (np.concatenate([getattr(p, k) for p in epoch_plans]) for k in ("sentence_label", "a_length",
                                                                                     "b_length"))
-    for feature in (a > b, a % 2 == 1, a == (32 - 3 + 1) // 2):
+    labelled = label != -100
+    label, a, b = label[labelled], a[labelled], b[labelled]
+    for feature in (a > b, a % 2 == 1, a == (64 - 3 + 1) // 2):
         rate_given = [(label[feature == value] == 1).mean() for value in (True, False)]
         assert abs(rate_given[0] - rate_given[1]) < 2 * sigma_bound(0.5, min((feature == v).sum() for v in (0, 1)))
 
@@ -188,24 +166,29 @@ def test_short_seq_prob_sets_the_share_of_short_targets_and_chunk_lengths(prepar
     index = split_index(prepared, "train")
     max_tokens = 64 - 2
     for probability in (0.0, 0.3):
-        targets, lengths, reached_end = [], [], []
+        targets, lengths, reached_end, next_lengths = [], [], [], []
         for epoch in range(6):
             plan = build_plan(index, objective="none", max_seq_length=64, short_seq_prob=probability, seed=2,
                               epoch=epoch)
             targets.append(plan.target)
             lengths.append(plan.a_length)
-            reached_end.append(plan.a_start + plan.a_length == document_end_token(index, plan.document))
-        target, length, at_end = (np.concatenate(x) for x in (targets, lengths, reached_end))
+            end = plan.a_start + plan.a_length
+            reached_end.append(end == document_end_token(index, plan.document))
+            # What follows: a sentence, or the next piece of a longer sentence (too long to join any chunk).
+            after = np.minimum(np.searchsorted(index.sentence_cum, end, side="right") - 1, index.num_sentences - 1)
+            next_lengths.append(np.where(index.sentence_cum[after] == end, np.diff(index.sentence_cum)[after],
+                                         max_tokens))
+        target, length, at_end, next_length = (np.concatenate(x) for x in (targets, lengths, reached_end,
+                                                                           next_lengths))
         short = target < max_tokens
         # A short target is uniform in [2, max_tokens]: it equals max_tokens with probability 1/(max_tokens-1).
         expected = probability * (1 - 1 / (max_tokens - 1))
         assert abs(short.mean() - expected) <= max(sigma_bound(expected, len(target)), 1e-9)
-        # Chunks are filled up to their target unless the document ends first; never past the limit.
-        assert ((length >= target) | at_end).all()
+        # Chunks are filled up to their target unless the document ends first or the next sentence would
+        # not fit: nothing is truncated.
+        assert ((length >= target) | at_end | (length + next_length > max_tokens)).all()
         assert (length <= max_tokens).all()
-        if probability == 0:
-            assert (length[~at_end] == max_tokens).all()
-        else:
+        if probability > 0:
             assert (length[short & ~at_end] < max_tokens).mean() > 0.5
 
 
@@ -224,7 +207,7 @@ def test_epochs_draw_new_pairs_and_the_same_epoch_is_reproducible(prepared):
 def test_objective_none_gives_single_segments(prepared):
     plan = plans(prepared, "none", range(1))[0]
     assert (plan.b_length == 0).all() and (plan.sentence_label == 0).all()
-    assert (plan.a_length <= 32 - 2).all() and (plan.a_length >= 1).all()
+    assert (plan.a_length <= 64 - 2).all() and (plan.a_length >= 1).all()
 
 
 def test_nsp_on_a_single_document_is_an_error(tmp_path):
@@ -254,12 +237,42 @@ def test_small_windows_and_blocks_keep_every_rule(prepared, monkeypatch):
     for objective in ("nsp", "sop"):
         plan = build_plan(index, objective=objective, max_seq_length=64, short_seq_prob=0.1, seed=4, epoch=0)
         negative = plan.sentence_label == 1
-        assert abs((~negative).mean() - 0.5) < sigma_bound(0.5, len(plan))
+        assert abs((plan.sentence_label[plan.sentence_label != -100] == 0).mean() - 0.5) < sigma_bound(0.5, len(plan))
         assert sorted(plan.order.tolist()) == list(range(len(plan)))
         assert set(plan.document.tolist()) == set(range(index.num_documents))
         same_document = plan.b_document == plan.document
         assert (same_document == ~negative).all() if objective == "nsp" else same_document.all()
         assert ((plan.a_length >= 1) & (plan.b_length >= 1) & (plan.a_length + plan.b_length <= 61)).all()
+
+
+@pytest.mark.parametrize("max_seq_length", [128, 512])
+def test_every_training_token_is_in_an_instance_of_every_epoch(prepared, max_seq_length):
+    # Sentences longer than an instance (code blocks here, up to ~2,000 tokens) are cut into pieces, and
+    # nothing is truncated unless two whole sentences do not fit together (issue 27: was 74-88%).
+    index = split_index(prepared, "train")
+    tokens = int(index.sentence_cum[-1])
+    for objective in ("nsp", "sop", "none"):
+        plan = build_plan(index, objective=objective, max_seq_length=max_seq_length, short_seq_prob=0.1, seed=1,
+                          epoch=0)
+        held = np.zeros(tokens + 1, np.int64)   # an independent count of the positions the segments hold
+        for start, length in ((plan.a_start, plan.a_length), (plan.b_start, plan.b_length)):
+            np.add.at(held, start, 1)
+            np.add.at(held, start + length, -1)
+        assert plan.covered_tokens() == (np.cumsum(held)[:tokens] > 0).sum() >= 0.99 * tokens, objective
+        assert (plan.a_length + plan.b_length <= max_seq_length - (2 if objective == "none" else 3)).all()
+
+
+def test_documents_of_one_unsplittable_run_are_covered(prepared):
+    # Documents that are single runs of 2,000+ tokens (no sentence boundary): pieces that train MLM only.
+    lengths = np.random.default_rng(0).integers(2000, 5000, 40)
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    index = dataclasses.replace(split_index(prepared, "train"), sentence_cum=cum, document_first=np.arange(41),
+                                token_base=np.array([0, cum[-1]]))
+    for objective, max_seq_length in (("nsp", 128), ("sop", 512), ("none", 128)):
+        plan = build_plan(index, objective=objective, max_seq_length=max_seq_length, short_seq_prob=0.1, seed=0,
+                          epoch=0)
+        assert plan.covered_tokens() >= 0.99 * cum[-1]
+        assert objective == "none" or (plan.sentence_label == -100).all()
 
 
 def test_damaged_offsets_are_a_data_error(tmp_path):

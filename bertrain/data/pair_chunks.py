@@ -3,6 +3,7 @@ starts in each, and the random B of NSP negatives (see bertrain.data.pairs for t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 if TYPE_CHECKING:  # pairs imports this module; the index type is only named here
     from bertrain.data.pairs import SplitIndex
 
-RANDOM_B_DRAWS = 10
+RANDOM_B_DRAWS = 100
 
 
 def uniform_int(rng: np.random.Generator, low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -18,24 +19,61 @@ def uniform_int(rng: np.random.Generator, low: np.ndarray, high: np.ndarray) -> 
     return low + np.floor(rng.random(len(low)) * (high - low + 1)).astype(np.int64)
 
 
+def split_long_sentences(index: SplitIndex, max_tokens: int, rng: np.random.Generator,
+                         alone: bool) -> tuple[SplitIndex, SplitIndex]:
+    """(the index with every sentence longer than `max_tokens` cut into the fewest pieces, of lengths
+    differing by at most one token at random; the index to plan with), the shards on disk unchanged.
+    Where `alone`, pieces count as 2 * max_tokens + 1 tokens in the second, so each is a chunk alone."""
+    length = np.diff(index.sentence_cum)
+    long = np.flatnonzero(length > max_tokens)
+    if not len(long):
+        return index, index
+    pieces = -(-length[long] // max_tokens)
+    offset = np.floor(rng.random(len(long)) * pieces).astype(np.int64)   # where the longer pieces go
+    owner = np.repeat(np.arange(len(long)), pieces)
+    rank = np.arange(len(owner)) - np.repeat(np.cumsum(pieces) - pieces, pieces)   # piece number in its sentence
+    cuts = index.sentence_cum[long[owner]] + (rank * length[long[owner]] + offset[owner]) // pieces[owner]
+    cum = np.insert(index.sentence_cum, long[owner][rank > 0] + 1, cuts[rank > 0])
+    added = np.concatenate([[0], np.cumsum(pieces - 1)])
+    cut = dataclasses.replace(index, sentence_cum=cum,
+                              document_first=index.document_first + added[np.searchsorted(long, index.document_first)])
+    if not alone:
+        return cut, cut
+    planned = np.diff(cum)
+    planned[long[owner] + added[owner] + rank] = 2 * max_tokens + 1
+    return cut, dataclasses.replace(cut, sentence_cum=np.concatenate([[0], np.cumsum(planned)]))
+
+
+def _search(sorted_values: np.ndarray, queries: np.ndarray, side: str) -> np.ndarray:
+    """np.searchsorted with the queries sorted first, so that each search starts from the previous
+    answer: ~10x faster on random-document starts."""
+    order = np.argsort(queries, kind="stable")
+    found = np.empty(len(queries), np.int64)
+    found[order] = np.searchsorted(sorted_values, queries[order], side=side)
+    return found
+
+
+def _fit_end(index: SplitIndex, first: np.ndarray, max_tokens: int | np.ndarray) -> np.ndarray:
+    """Last sentence of the longest run from `first` that fits in `max_tokens` (first - 1 when none)."""
+    return _search(index.sentence_cum, index.sentence_cum[first] + max_tokens, "right") - 2
+
+
+def _fit_start(index: SplitIndex, end: np.ndarray, max_tokens: int) -> np.ndarray:
+    """First sentence of the longest run ending at `end` that fits in `max_tokens` (end + 1 when none)."""
+    return _search(index.sentence_cum, index.sentence_cum[end + 1] - max_tokens, "left")
+
+
 def _chunk_end(index: SplitIndex, first: np.ndarray, target: np.ndarray, last: np.ndarray) -> np.ndarray:
     """Last sentence of a chunk starting at `first`: the first sentence where the running token
     count reaches `target` (Google's `current_length >= target_seq_length`), at most `last`."""
     reach = index.sentence_cum[first] + np.maximum(target, 1)
-    # Sorted queries let searchsorted reuse the previous answer: ~10x faster on random-document starts.
-    order = np.argsort(reach, kind="stable")
-    end = np.empty_like(reach)
-    end[order] = np.searchsorted(index.sentence_cum, reach[order], side="left") - 1
-    return np.clip(end, first, last)
+    return np.clip(_search(index.sentence_cum, reach, "left") - 1, first, last)
 
 
 def _chunk_start(index: SplitIndex, end: np.ndarray, target: np.ndarray, first: np.ndarray) -> np.ndarray:
     """First sentence of a chunk built backward from `end`: the mirror of `_chunk_end`, at least `first`."""
     reach = index.sentence_cum[end + 1] - np.maximum(target, 1)
-    order = np.argsort(reach, kind="stable")
-    start = np.empty_like(reach)
-    start[order] = np.searchsorted(index.sentence_cum, reach[order], side="right") - 1
-    return np.clip(start, first, end)
+    return np.clip(_search(index.sentence_cum, reach, "right") - 1, first, end)
 
 
 def _other_document(nonempty: np.ndarray, rng: np.random.Generator, document: np.ndarray) -> np.ndarray:
@@ -46,37 +84,35 @@ def _other_document(nonempty: np.ndarray, rng: np.random.Generator, document: np
 
 
 def _walk_forward(index: SplitIndex, rng: np.random.Generator, start: np.ndarray, target: np.ndarray,
-                  budget: np.ndarray, low: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(first, b_first, end) of chunks walked forward from `start`: A takes sentences until `budget`
-    tokens, then B until the pair has `target` (B is one sentence when A has reached it already).
-    When the window ends inside A, the chunk's sentences are split at a uniform sentence boundary;
-    a lone last sentence is paired with the one before it; a lone sentence in its window has no B
-    (b_first == first)."""
+                  low: np.ndarray, last: np.ndarray, max_tokens: int) -> tuple[np.ndarray, ...]:
+    """(first, b_first, end) of chunks walked forward from `start`: sentences until `target` tokens
+    (at least two), none past what fits in `max_tokens` unless two do not fit together (a truncated
+    pair); A takes them until a budget uniform over the chunk less its last sentence, B the rest. A
+    lone last sentence is paired with the one before it; a piece (planned as 2 * max_tokens + 1
+    tokens) has no B (b_first == first)."""
     cum = index.sentence_cum
-    a_end = _chunk_end(index, start, budget, last)
-    has_b = a_end < last
-    need = target - (cum[a_end + 1] - cum[start])
-    end = np.where(has_b, _chunk_end(index, np.minimum(a_end + 1, last), need, last), a_end)
-    count = end - start + 1
-    resplit = start + uniform_int(rng, np.ones(len(start), np.int64), np.maximum(count - 1, 1))
-    b_first = np.where(has_b, a_end + 1, np.where(count >= 2, resplit, start))
-    pair_back = (count == 1) & (start > low)
+    pair = (start < last) & (cum[np.minimum(start + 2, len(cum) - 1)] - cum[start] <= 2 * max_tokens)
+    cap = np.clip(_fit_end(index, start, max_tokens), start + pair, last)
+    end = _chunk_end(index, np.minimum(start + 1, cap), target - (cum[start + 1] - cum[start]), cap)
+    budget = uniform_int(rng, np.ones(len(start), np.int64), np.maximum(cum[end] - cum[start], 1))
+    a_end = _chunk_end(index, start, budget, np.maximum(end - 1, start))
+    b_first = np.where(end > start, a_end + 1, start)
+    pair_back = (end == start) & (start == last) & (start > low) & (cum[start + 1] - cum[start - 1] <= 2 * max_tokens)
     return start - pair_back, np.where(pair_back, start, b_first), end
 
 
 def _walk_backward(index: SplitIndex, rng: np.random.Generator, stop: np.ndarray, target: np.ndarray,
-                   budget: np.ndarray, low: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The mirror of `_walk_forward`: B takes sentences backward from `stop` until `budget` tokens,
-    then A until the pair has `target`."""
+                   low: np.ndarray, last: np.ndarray, max_tokens: int) -> tuple[np.ndarray, ...]:
+    """The mirror of `_walk_forward`: the chunk is taken backward from `stop`, B takes its sentences
+    backward until the budget, A the rest."""
     cum = index.sentence_cum
-    b_first = _chunk_start(index, stop, budget, low)
-    has_a = b_first > low
-    need = target - (cum[stop + 1] - cum[b_first])
-    first = np.where(has_a, _chunk_start(index, np.maximum(b_first - 1, low), need, low), b_first)
-    count = stop - first + 1
-    resplit = first + uniform_int(rng, np.ones(len(stop), np.int64), np.maximum(count - 1, 1))
-    b_first = np.where(has_a, b_first, np.where(count >= 2, resplit, first))
-    pair_next = (count == 1) & (stop < last)
+    pair = (stop > low) & (cum[stop + 1] - cum[np.maximum(stop - 1, 0)] <= 2 * max_tokens)
+    cap = np.clip(_fit_start(index, stop, max_tokens), low, stop - pair)
+    first = _chunk_start(index, np.maximum(stop - 1, cap), target - (cum[stop + 1] - cum[stop]), cap)
+    budget = uniform_int(rng, np.ones(len(stop), np.int64), np.maximum(cum[stop + 1] - cum[first + 1], 1))
+    b_first = np.where(first < stop, _chunk_start(index, stop, budget, np.minimum(first + 1, stop)), first)
+    pair_next = (first == stop) & (stop == low) & (stop < last) & (
+        cum[np.minimum(stop + 2, len(cum) - 1)] - cum[stop] <= 2 * max_tokens)
     return first, np.where(pair_next, stop + 1, b_first), stop + pair_next
 
 
@@ -89,52 +125,63 @@ def plan_chunks(index: SplitIndex, window_first: np.ndarray, window_end: np.ndar
     max_tokens = max_seq_length - (3 if pairs else 2)
     forward = rng.random(len(window_first)) < 0.5 if objective == "sop" else np.ones(len(window_first), bool)
     cursor = np.where(forward, window_first, window_end - 1)
+    floor = window_first.copy()
     active = np.arange(len(window_first))
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("first", "b_first", "end", "negative", "doc", "target")}
+    keys = ("first", "b_first", "end", "negative", "doc", "target", "last", "cut_first")
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     while len(active):
-        low, last, ahead, at = window_first[active], window_end[active] - 1, forward[active], cursor[active]
+        low, last, ahead, at = floor[active], window_end[active] - 1, forward[active], cursor[active]
         count = len(active)
         short = rng.random(count) < short_seq_prob
         target = np.where(short, uniform_int(rng, np.full(count, 2), np.full(count, max(max_tokens, 2))), max_tokens)
         if pairs:
-            budget = uniform_int(rng, np.ones(count, np.int64), np.maximum(target - 1, 1))
             first, b_first, end = at.copy(), at.copy(), at.copy()
             for rows, walk in ((ahead, _walk_forward), (~ahead, _walk_backward)):
                 if rows.any():
-                    first[rows], b_first[rows], end[rows] = walk(index, rng, at[rows], target[rows], budget[rows],
-                                                                 low[rows], last[rows])
+                    first[rows], b_first[rows], end[rows] = walk(index, rng, at[rows], target[rows], low[rows],
+                                                                 last[rows], max_tokens)
         else:
-            first, end = at, _chunk_end(index, at, target, last)
+            first, end = at, _chunk_end(index, at, target, np.clip(_fit_end(index, at, max_tokens), at, last))
             b_first = end + 1
         negative = (rng.random(count) < 0.5) if pairs else np.zeros(count, bool)
-        # Google's put-back: a random-B chunk used only its A sentences; B's start the next chunk
-        # (unless B starts at the cursor: a lone last sentence paired with the one before it). A
-        # sentence added only because the other segment filled the target alone (most of it is
-        # truncated away) also starts the next chunk, so that MLM sees it.
-        cum = index.sentence_cum
-        reuse = pairs & np.where(ahead, (cum[b_first] - cum[first] >= target) & (b_first > at),
-                                 (cum[end + 1] - cum[b_first] >= target) & (b_first - 1 < at))
-        put_back = negative & (b_first > at) & (b_first <= end) if objective == "nsp" else np.zeros(count, bool)
-        next_cursor = np.where(ahead, np.where(put_back | reuse, b_first, end + 1),
-                               np.where(reuse, b_first - 1, first - 1))
+        # Google's put-back: a random-B chunk used only its A sentences; B's start the next chunk (a
+        # lone last sentence paired with the one before it comes back alone: the floor moves up to it).
+        put_back = negative & (b_first > first) & (b_first <= end) if objective == "nsp" else np.zeros(count, bool)
+        # A truncated pair's walked-last sentence also starts the next chunk, so that MLM sees what was cut.
+        over = index.sentence_cum[end + 1] - index.sentence_cum[first] > max_tokens
+        next_cursor = np.where(ahead, np.where(put_back, b_first, end + 1 - (over & (end > at))),
+                               first - 1 + (over & (first < at)))
+        floor[active] = np.where(put_back & (b_first == at), at, low)
         for key, value in (("first", first), ("b_first", b_first), ("end", end), ("negative", negative),
-                           ("doc", window_doc[active]), ("target", target)):
+                           ("doc", window_doc[active]), ("target", target), ("last", last),
+                           ("cut_first", at >= b_first)):
             parts[key].append(value)
         cursor[active] = next_cursor
         active = active[np.where(ahead, next_cursor <= last, next_cursor >= low)]
     return {key: np.concatenate(value) if value else np.zeros(0, np.int64) for key, value in parts.items()}
 
 
+def _b_end(index: SplitIndex, first: np.ndarray, b_target: np.ndarray, room: np.ndarray,
+           last: np.ndarray) -> np.ndarray:
+    """End sentence of a B from `first`: until `b_target` tokens, never past what fits in `room`; one
+    sentence where `b_target` > `room` (the positive's B did not fit: a truncated pair)."""
+    cap = np.clip(_fit_end(index, first, room), first, last)
+    return np.where(b_target > room, first, _chunk_end(index, first, b_target, cap))
+
+
 def random_b(index: SplitIndex, nonempty: np.ndarray, rng: np.random.Generator, document: np.ndarray,
-              b_target: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              b_target: np.ndarray, tail: np.ndarray, room: np.ndarray,
+              max_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first sentence, end sentence, document) of NSP negatives' B, from another document and made
     by the rule that made the positive's B, so that only the text tells them apart:
-      * tail[i] == 0 (the positive's B reached the target): sentences from a uniform sentence of the
-        split until `b_target` tokens (starting earlier where the document ends before that);
+      * tail[i] == 0: from a uniform sentence that fits in `room`, until `b_target` tokens or what fits
+        (starting earlier where the document ends before that), kept with the chance a / (a + B less
+        its last sentence) that the budget would have put A's end (a tokens) there;
       * tail[i] == m > 0 (the positive's B ended with its window, short of the target): the last m
-        sentences of a uniform document with more than m sentences and fewer than `b_target` tokens
-        in them.
-    Up to RANDOM_B_DRAWS draws look for such a document; then any other document will do."""
+        sentences of a uniform document with more than m sentences and fewer than `b_target` tokens;
+      * b_target[i] > room[i] (the positive's B did not fit: a truncated pair): one sentence longer
+        than `room`.
+    Up to RANDOM_B_DRAWS draws look for such a B; then any other document will do."""
     cum, document_first = index.sentence_cum, index.document_first
     need = np.maximum(b_target, 1)
     other, first = np.full(len(document), -1, np.int64), np.zeros(len(document), np.int64)
@@ -142,23 +189,30 @@ def random_b(index: SplitIndex, nonempty: np.ndarray, rng: np.random.Generator, 
     for _ in range(RANDOM_B_DRAWS if index.num_sentences else 0):
         if not len(todo):
             break
-        at_end = tail[todo] > 0
+        at_end, over, rest = tail[todo] > 0, b_target[todo] > room[todo], room[todo]
         sentence = np.floor(rng.random(len(todo)) * index.num_sentences).astype(np.int64)
         drawn = np.where(at_end, _other_document(nonempty, rng, document[todo]),
-                         np.searchsorted(document_first, sentence, side="right") - 1)
-        drawn_end = document_first[drawn + 1]
+                         _search(document_first, sentence, "right") - 1)
+        drawn_first, drawn_end = document_first[drawn], document_first[drawn + 1]
         tail_first = drawn_end - tail[todo]
-        tail_tokens = cum[drawn_end] - cum[np.maximum(tail_first, document_first[drawn])]
-        fits = (drawn != document[todo]) & np.where(
-            at_end, (tail_first > document_first[drawn]) & (tail_tokens < need[todo]),
-            cum[drawn_end] - cum[document_first[drawn]] >= need[todo])
-        other[todo[fits]] = drawn[fits]
-        first[todo[fits]] = np.where(at_end, tail_first, sentence)[fits]
-        todo = todo[~fits]
+        latest = _search(cum, cum[drawn_end] - need[todo], "right") - 1
+        start = np.where(at_end, np.maximum(tail_first, drawn_first),
+                         np.where(over, sentence, np.minimum(sentence, np.maximum(latest, drawn_first))))
+        length = cum[start + 1] - cum[start]
+        ok = (drawn != document[todo]) & np.where(over, (length > rest) & (length <= max_tokens), length <= rest)
+        ok &= np.where(at_end, (tail_first > drawn_first) & (cum[drawn_end] - cum[start] < need[todo]),
+                       over | (cum[drawn_end] - cum[drawn_first] >= need[todo]))
+        maybe = np.flatnonzero(ok & ~over)
+        end = np.where(at_end[maybe], drawn_end[maybe] - 1, _b_end(index, start[maybe], b_target[todo[maybe]],
+                                                                   rest[maybe], drawn_end[maybe] - 1))
+        a = max_tokens - rest[maybe]
+        ok[maybe] = rng.random(len(maybe)) * (a + cum[end] - cum[start[maybe]]) < a
+        other[todo[ok]] = drawn[ok]
+        first[todo[ok]] = start[ok]
+        todo = todo[~ok]
     other[todo] = _other_document(nonempty, rng, document[todo])
     first[todo] = uniform_int(rng, document_first[other[todo]], document_first[other[todo] + 1] - 1)
     other_first, other_last = document_first[other], document_first[other + 1] - 1
     latest = np.searchsorted(cum, cum[other_last + 1] - need, side="right") - 1
-    first = np.where(tail > 0, first, np.minimum(first, np.maximum(latest, other_first)))
-    end = np.where(tail > 0, other_last, _chunk_end(index, first, b_target, other_last))
-    return first, end, other
+    first = np.where((tail > 0) | (b_target > room), first, np.minimum(first, np.maximum(latest, other_first)))
+    return first, np.where(tail > 0, other_last, _b_end(index, first, b_target, room, other_last)), other

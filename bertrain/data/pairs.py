@@ -17,26 +17,25 @@ per chunk. Where it differs from Google's, on purpose:
     crosses a window edge; a long document is cut into windows of equal size), which bounds the
     loop length for book-length documents; windows are planned in blocks of about a million
     sentences, which bounds the scratch memory.
+  * every token of the split is in an instance of every epoch (Google's trimming past the target lost
+    9-26% of them per epoch on CPython's docs). A sentence longer than an instance is cut into
+    pieces of near-equal length, each an instance alone with no sentence label (a pair with a piece
+    would start or end inside a sentence). A chunk takes sentences until its target but never one
+    that does not fit; only two whole sentences that do not fit together are truncated, and then the
+    one away from the cursor loses the excess: it starts the next chunk again (or was read before).
   * no surface feature reveals the label (`bertrain inspect DATA_DIR --pairs --audit` measures it,
     tests/test_pair_audit.py holds it within 2 points of chance). Google's rules leak it:
-      - A and B are whole sentences (until truncation): A takes sentences until a uniform budget
-        of 1..target-1 tokens, then B until the pair reaches the target, so B is one more sentence
-        when A alone reached it. Google splits a chunk of one sentence at a random token, so "B
-        starts inside a word" and "A ends without . ! ?" meant positive (SOP after the swap: A starts
-        inside a word = negative). Taking the next sentence keeps every such instance labelled
-        (giving them no sentence label instead would lose most sentence labels at 32 tokens, where
-        most sentences fill a chunk alone). The added sentence, mostly truncated away, starts the
-        next chunk, so MLM still sees it.
-      - SOP: a negative swaps A and B *before* truncation (as Google's ALBERT code does), and the
-        truncation is symmetric in expectation (a coin decides which segment loses on ties and keeps
-        the odd token). Swapping after an asymmetric truncation made len A < len B (and the first
-        [SEP] position) give the label away. Windows are also walked forward or backward (a coin per
-        window, B taking the budget backward): the sentence that completes a chunk is longer than
-        average, so walking one way only would make the second segment longer.
+      - A and B are whole sentences: the chunk is chosen first (at least two sentences), then A takes
+        its sentences until a budget uniform over the chunk less its last sentence, B the rest.
+        Google splits a chunk of one sentence at a random token, so "B starts inside a word" and "A
+        ends without . ! ?" meant positive (SOP after the swap: A starts inside a word = negative).
+      - SOP: a negative swaps A and B *before* truncation (as Google's ALBERT code does). Windows are
+        walked forward or backward (a coin per window, B taking the budget backward), so the segment
+        that is the budget's, or loses the excess, is A or B alike.
       - NSP: a negative's B is made by the rule that made the positive's B it replaces, from another
-        document: from a uniform sentence until the pair reaches the target (starting earlier where
-        that document ends first), or, where the positive's B ended with its document short of the
-        target, the same number of sentences at the end of a document, as short. Google's random B
+        document (see `pair_chunks.random_b`): as the rest of a chunk from a uniform sentence, at the
+        end of a document where the positive's ended with its document, one sentence too long to fit
+        where the positive's did not fit. Google's random B
         fills the target from a uniform document, so short documents made negatives short, and
         negatives were longer where positives ended with their document.
       - one-sentence documents (windows) have no second segment: they are cut at a uniform token and
@@ -58,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertrain.data.format import Split
-from bertrain.data.pair_chunks import plan_chunks, random_b, uniform_int
+from bertrain.data.pair_chunks import plan_chunks, random_b, split_long_sentences, uniform_int
 from bertrain.errors import DataError
 
 WINDOW_SENTENCES = 1024
@@ -125,38 +124,24 @@ class EpochPlan:
     b_document: np.ndarray       # [N] int64 document of B
     target: np.ndarray           # [N] int32 target length of the chunk (< max tokens when short_seq_prob hit)
     order: np.ndarray            # [N] int64 permutation: the epoch reads instances order[0], order[1], ...
-    skipped_chunks: int          # chunks too short to form an instance (fewer than 2 tokens for a pair)
 
     def __len__(self) -> int:
         return len(self.order)
+
+    def covered_tokens(self, instances: np.ndarray | slice = slice(None)) -> int:
+        """Distinct token positions in the segments of the instances (all, or those given)."""
+        start = np.concatenate([self.a_start[instances], self.b_start[instances]])
+        end = start + np.concatenate([self.a_length[instances], self.b_length[instances]])
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
+        reached = np.maximum.accumulate(np.concatenate([[0], end]))[:-1]  # the furthest end of the spans before
+        return int(np.maximum(end - np.maximum(start, reached), 0).sum())
 
 
 def epoch_generator(seed: int, epoch: int, split: str = "train") -> np.random.Generator:
     """The numpy generator of an epoch's plan: a function of (seed, epoch, split) only."""
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF,
                                                          epoch, _SPLIT_TAGS.get(split, 2), 0x5EED]))
-
-
-def truncate_pair(a_length: np.ndarray, b_length: np.ndarray, max_tokens: int,
-                  a_keeps_extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Closed form of Google's truncate_seq_pair lengths: trim the longer segment (B on ties) one
-    token at a time until the pair fits. Where `a_keeps_extra` is False the roles are mirrored (A
-    loses on ties, B keeps the extra token of an odd budget): a fair coin there makes it symmetric."""
-    a, b = a_length.astype(np.int64), b_length.astype(np.int64)
-    if a_keeps_extra is not None:
-        mirrored_b, mirrored_a = truncate_pair(b, a, max_tokens)
-        google_a, google_b = truncate_pair(a, b, max_tokens)
-        return np.where(a_keeps_extra, google_a, mirrored_a), np.where(a_keeps_extra, google_b, mirrored_b)
-    excess = np.maximum(a + b - max_tokens, 0)
-    half_up, half_down = (max_tokens + 1) // 2, max_tokens // 2
-    # Only A shrinks while A stays longer than B; only B while B stays at least as long as A;
-    # otherwise both meet in the middle (A keeps the extra token of an odd budget, B loses on ties).
-    only_a = a - excess > b
-    only_b = ~only_a & (b - excess >= a)
-    new_a = np.where(only_a, a - excess, np.where(only_b, a, half_up))
-    new_b = np.where(only_a, b, np.where(only_b, b - excess, half_down))
-    fits = excess == 0
-    return np.where(fits, a, new_a), np.where(fits, b, new_b)
 
 
 def _trim(rng: np.random.Generator, start: np.ndarray, length: np.ndarray, new_length: np.ndarray) -> np.ndarray:
@@ -185,6 +170,8 @@ def build_plan(index: SplitIndex, *, objective: str, max_seq_length: int, short_
     if objective not in ("nsp", "sop", "none"):
         raise DataError(f"data.objective must be nsp, sop or none, not {objective!r}.")
     rng = epoch_generator(seed, epoch, split)
+    index, planned = split_long_sentences(index, max_seq_length - (3 if objective != "none" else 2), rng,
+                                          alone=objective != "none")
     nonempty = np.flatnonzero(np.diff(index.document_first) > 0)
     if objective == "nsp" and len(nonempty) < 2:
         raise DataError(f"The {split} split has {len(nonempty)} non-empty document(s): NSP needs at least two, "
@@ -198,32 +185,28 @@ def build_plan(index: SplitIndex, *, objective: str, max_seq_length: int, short_
     settings = dict(objective=objective, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob)
     pieces = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        chunks = plan_chunks(index, window_first[a:b], window_end[a:b], window_doc[a:b], rng, **settings)
-        pieces.append(_instances(index, chunks, nonempty, rng, **settings))
+        chunks = plan_chunks(planned, window_first[a:b], window_end[a:b], window_doc[a:b], rng, **settings)
+        pieces.append(_instances(index, planned, chunks, nonempty, rng, **settings))
     empty = {"a_start": np.int64, "a_length": np.int32, "b_start": np.int64, "b_length": np.int32,
              "sentence_label": np.int8, "document": np.int64, "b_document": np.int64, "target": np.int32}
     fields = {name: (np.concatenate([piece[name] for piece in pieces]) if pieces else np.zeros(0, empty[name]))
               for name in empty}
-    skipped = sum(piece["skipped"] for piece in pieces)
-    return EpochPlan(**fields, order=rng.permutation(len(fields["a_start"])), skipped_chunks=skipped)
+    return EpochPlan(**fields, order=rng.permutation(len(fields["a_start"])))
 
 
-def _instances(index: SplitIndex, chunks: dict, nonempty: np.ndarray, rng: np.random.Generator, *,
-               objective: str, max_seq_length: int, short_seq_prob: float) -> dict:
+def _instances(index: SplitIndex, planned: SplitIndex, chunks: dict, nonempty: np.ndarray,
+               rng: np.random.Generator, *, objective: str, max_seq_length: int, short_seq_prob: float) -> dict:
     """Token spans and labels of the chunks of one block: split, random B, swap, truncate, trim."""
-    first, b_first, end, negative, document, target = (
-        chunks[k] for k in ("first", "b_first", "end", "negative", "doc", "target"))
+    first, b_first, end, negative, document, target, last, cut_first = (
+        chunks[k] for k in ("first", "b_first", "end", "negative", "doc", "target", "last", "cut_first"))
     pairs = objective != "none"
     max_tokens = max_seq_length - (3 if pairs else 2)
     count = len(first)
     cum, sentence_start = index.sentence_cum, index.sentence_start
     chunk_tokens = cum[end + 1] - cum[first]
     a_start = sentence_start[first]
-    if not pairs:
-        keep = chunk_tokens >= 1
-        new_a = np.minimum(chunk_tokens, max_tokens)
-        a_start = _trim(rng, a_start, chunk_tokens, new_a)
-        return _kept(keep, a_start, new_a, np.zeros(count, np.int64), np.zeros(count, np.int64),
+    if not pairs:  # chunks fit: nothing to truncate
+        return _kept(chunk_tokens >= 1, a_start, chunk_tokens, np.zeros(count, np.int64), np.zeros(count, np.int64),
                      np.zeros(count, np.int8), document, document, target)
 
     labelled = (b_first > first) & (b_first <= end)
@@ -240,9 +223,12 @@ def _instances(index: SplitIndex, chunks: dict, nonempty: np.ndarray, rng: np.ra
     if objective == "nsp":
         rows = np.flatnonzero(negative)
         # A positive's B short of the target ended with its window: the negative's B ends a document too.
-        tail = np.where(chunk_tokens[rows] < target[rows], end[rows] - b_first[rows] + 1, 0)
-        random_first, random_end, other = random_b(index, nonempty, rng, document[rows],
-                                                    target[rows] - a_length[rows], tail)
+        room = max_tokens - a_length[rows]
+        tail = np.where((chunk_tokens[rows] < target[rows]) & (end[rows] == last[rows]),
+                        end[rows] - b_first[rows] + 1, 0)
+        random_first, random_end, other = random_b(planned, nonempty, rng, document[rows],
+                                                    np.where(b_length[rows] > room, b_length[rows],
+                                                             target[rows] - a_length[rows]), tail, room, max_tokens)
         b_start[rows] = sentence_start[random_first]
         b_length[rows] = cum[random_end + 1] - cum[random_first]
         b_document[rows] = other
@@ -250,7 +236,12 @@ def _instances(index: SplitIndex, chunks: dict, nonempty: np.ndarray, rng: np.ra
         a_start, b_start = np.where(negative, b_start, a_start), np.where(negative, a_start, b_start)
         a_length, b_length = np.where(negative, b_length, a_length), np.where(negative, a_length, b_length)
     keep = (a_length >= 1) & (b_length >= 1)
-    new_a, new_b = truncate_pair(a_length, b_length, max_tokens, a_keeps_extra=rng.random(count) < 0.5)
+    # Two sentences that do not fit together: the one away from the cursor loses what does not fit (the
+    # next chunk starts with it, or the last one had it), from both ends at random. SOP: before the swap.
+    excess = np.maximum(a_length + b_length - max_tokens, 0)
+    cut_a = np.where(cut_first != (negative & (objective == "sop")), np.minimum(excess, a_length - 1),
+                     excess - np.minimum(excess, b_length - 1))
+    new_a, new_b = a_length - cut_a, b_length - (excess - cut_a)
     a_start = _trim(rng, a_start, a_length, new_a)
     b_start = _trim(rng, b_start, b_length, new_b)
     label = np.where(labelled, negative, -100).astype(np.int8)
@@ -262,8 +253,7 @@ def _kept(keep: np.ndarray, a_start, a_length, b_start, b_length, label, documen
     kept = np.flatnonzero(keep)
     return {"a_start": a_start[kept], "a_length": a_length[kept].astype(np.int32), "b_start": b_start[kept],
             "b_length": b_length[kept].astype(np.int32), "sentence_label": label[kept], "document": document[kept],
-            "b_document": b_document[kept], "target": target[kept].astype(np.int32),
-            "skipped": int(len(keep) - len(kept))}
+            "b_document": b_document[kept], "target": target[kept].astype(np.int32)}
 
 
 def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:
