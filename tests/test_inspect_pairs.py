@@ -6,7 +6,9 @@ import io
 
 from bertrain.config import load_config
 from bertrain.console import make_console
+from bertrain.data.format import open_prepared
 from bertrain.data.inspect_pairs import MIN_STATISTICS_TOKENS, show_pairs
+from bertrain.data.loader import epoch_plan
 from tests.helpers_data import make_prepared_dir
 
 
@@ -23,6 +25,8 @@ def test_statistics_cover_at_least_min_tokens_and_say_how_many(tmp_path):
     assert stats["masked_positions"] > 2000
     assert abs(stats["masked_fraction_of_eligible"] - 0.15) < 0.03
     assert abs(stats["mask_share"] - 0.8) < 0.05 and abs(stats["random_share"] - 0.1) < 0.04
+    assert stats["coverage"] >= 0.99 and f"{stats['coverage']:.1%} ({stats['coverage_in_batches']:.1%} in full" in text
+    assert "Warning" not in text
 
 
 def test_a_small_corpus_is_used_whole(tmp_path):
@@ -32,3 +36,15 @@ def test_a_small_corpus_is_used_whole(tmp_path):
     assert stats["tokens"] < MIN_STATISTICS_TOKENS and stats["batches"] * 8 <= stats["instances_per_epoch"] < \
         (stats["batches"] + 1) * 8
     assert "the whole epoch" in out.getvalue()
+
+
+def test_an_epoch_that_leaves_tokens_out_warns(tmp_path):
+    data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=40, max_paragraphs=200)
+    config = load_config("tiny_bert")
+    instances = len(epoch_plan(open_prepared(data), config.data, seed=config.train.seed, epoch=0))
+    out = io.StringIO()   # one batch of a little over half the epoch: the rest is the dropped last batch
+    stats = show_pairs(data, load_config("tiny_bert", [f"train.batch_size={instances // 2 + 1}"]), 1,
+                       make_console(file=out, width=200))
+    assert stats["coverage"] >= 0.99 and stats["coverage_in_batches"] < 0.8
+    warning = f"Warning: this epoch trains on only {stats['coverage_in_batches']:.1%} of the training tokens"
+    assert warning in out.getvalue()

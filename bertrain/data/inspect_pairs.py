@@ -21,6 +21,7 @@ from bertrain.errors import DataError
 from bertrain.tokenizer_file import load_tokenizer
 
 SAMPLES = 3
+MIN_COVERAGE = 0.95   # warn when the epoch's full batches hold less of the training tokens
 # Statistics cover at least this many tokens (or the whole epoch): ~3,000 masked positions, so the 80/10/10
 # shares carry ~1 point of sampling noise and the masked fraction ~0.3 point.
 MIN_STATISTICS_TOKENS = 20_000
@@ -91,6 +92,8 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
     loader = build_train_loader(prepared, data_config, seed=seed, epoch=0, micro_batch_size=micro_batch_size,
                                 rank=0, world_size=1)
     dataset = loader.dataset
+    split_tokens = max(prepared.manifest["splits"]["train"]["tokens"], 1)
+    trained = plan.order[:len(dataset) * micro_batch_size]     # the epoch's full micro-batches
     tokens = _token_strings(prepared)
     counts = dict(instances=0, labelled=0, positives=0, eligible=0, chosen=0, masked=0, randomized=0, tokens=0, cells=0)
     lengths = []
@@ -141,6 +144,8 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         "tokens_per_instance_min": float(length.min()),
         "tokens_per_instance_max": float(length.max()),
         "padding_fraction": 1 - counts["tokens"] / max(counts["cells"], 1),
+        "coverage": plan.covered_tokens() / split_tokens,
+        "coverage_in_batches": plan.covered_tokens(trained) / split_tokens,
     }
     whole = len(lengths) == len(dataset)
     _print_statistics(stats, counts, data_config, micro_batch_size, whole, console)
@@ -171,8 +176,8 @@ def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_conf
     table.add_row("instances per epoch (plan built in)",
                   f"{int(stats['instances_per_epoch']):,} ({stats['plan_seconds']:.2f} s)", "")
     if data_config.objective != "none":
-        table.add_row(f"{data_config.objective.upper()} positive fraction", f"{stats['positive_fraction']:.3f}",
-                      "0.500")
+        table.add_row(f"{data_config.objective.upper()} positive fraction (share with a sentence label)",
+                      f"{stats['positive_fraction']:.3f} ({counts['labelled'] / counts['instances']:.0%})", "0.500")
     table.add_row("masked fraction of eligible tokens", f"{stats['masked_fraction_of_eligible']:.3f}",
                   f"{data_config.mlm_probability:.3f}")
     keep = 1 - data_config.mask_prob - data_config.random_prob
@@ -183,7 +188,13 @@ def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_conf
         stats["tokens_per_instance"], stats["tokens_per_instance_min"], stats["tokens_per_instance_max"]),
         f"max {data_config.max_seq_length}")
     table.add_row("padding fraction", f"{stats['padding_fraction']:.3f}", "")
+    table.add_row("training tokens in the epoch's instances", "{:.1%} ({:.1%} in full batches)".format(
+        stats["coverage"], stats["coverage_in_batches"]), f">= {MIN_COVERAGE:.0%}")
     console.print(table)
+    if stats["coverage_in_batches"] < MIN_COVERAGE:
+        console.print(f"[yellow]Warning:[/] this epoch trains on only {stats['coverage_in_batches']:.1%} of the "
+                      f"training tokens: two sentences that together exceed data.max_seq_length are truncated and "
+                      f"the last incomplete batch is dropped. A longer max_seq_length or a smaller batch keeps more.")
 
 
 def print_audit(results: list[ProbeResult], objective: str, console) -> bool:
