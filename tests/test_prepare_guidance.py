@@ -134,6 +134,16 @@ def test_long_documents_do_not_warn(tmp_path):
     write_pydoc_corpus(tmp_path / "pydoc")
     _, out = run(tmp_path, "d", SourceConfig(path=str(tmp_path / "pydoc")))
     assert "Warning" not in out and "documents of 1 sentence (train)" in out
+    assert "sentences > 125 tokens (train)" in out and "of the tokens)" in out
+
+
+def test_unsplit_text_warns_that_its_long_sentences_train_mlm_only(tmp_path, pydoc_text):
+    words = pydoc_text.replace(".", " ").split()
+    (tmp_path / "runs.txt").write_text("\n\n".join(" ".join(words[i:i + 300]) for i in range(0, 3000, 300)))
+    _, out = run(tmp_path, "d", SourceConfig(path=str(tmp_path / "runs.txt"), text_layout="paragraphs"))
+    assert "sentences > 125 tokens (train)" in out and "(100.0% of the tokens)" in out
+    text = " ".join(out.split())
+    assert "100% of the training tokens are in sentences longer than 125 tokens" in text and "MLM only" in text
 
 
 @pytest.mark.parametrize("kind,config", [("unigram", "tiny_albert"), ("wordpiece", "tiny_bert")])
