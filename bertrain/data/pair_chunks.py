@@ -195,9 +195,10 @@ def random_b(index: SplitIndex, nonempty: np.ndarray, rng: np.random.Generator, 
                          _search(document_first, sentence, "right") - 1)
         drawn_first, drawn_end = document_first[drawn], document_first[drawn + 1]
         tail_first = drawn_end - tail[todo]
-        latest = _search(cum, cum[drawn_end] - need[todo], "right") - 1
-        start = np.where(at_end, np.maximum(tail_first, drawn_first),
-                         np.where(over, sentence, np.minimum(sentence, np.maximum(latest, drawn_first))))
+        start = np.where(at_end, np.maximum(tail_first, drawn_first), sentence)
+        early = np.flatnonzero(~at_end & ~over & (cum[drawn_end] - cum[sentence] < need[todo]))
+        latest = _search(cum, cum[drawn_end[early]] - need[todo[early]], "right") - 1
+        start[early] = np.maximum(latest, drawn_first[early])      # the document ends before need: start earlier
         length = cum[start + 1] - cum[start]
         ok = (drawn != document[todo]) & np.where(over, (length > rest) & (length <= max_tokens), length <= rest)
         ok &= np.where(at_end, (tail_first > drawn_first) & (cum[drawn_end] - cum[start] < need[todo]),
