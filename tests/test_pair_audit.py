@@ -51,12 +51,12 @@ def recut(data_dir, layout: str, seed: int = 0, copies: int = 3, max_sentence_to
 
 
 def corpus(root, kind: str, layout: str):
-    """A prepared corpus of shuffled pydoc sentences in long or 1-6-sentence documents (see `recut`). Eight
+    """A prepared corpus of shuffled pydoc sentences in long or 1-6-sentence documents (see `recut`). Twelve
     copies: at max_seq_length 32 most of these sentences are longer than an instance and train MLM only, so
     the pairs of one copy are few and would come back epoch after epoch."""
     data_dir = make_prepared_dir(root / f"{kind}-{layout}", kind=kind, num_documents=38, seed=1,
                                  validation_documents=8)
-    return open_prepared(recut(data_dir, layout, copies=8))
+    return open_prepared(recut(data_dir, layout, copies=12))
 
 
 @pytest.fixture(scope="module")
