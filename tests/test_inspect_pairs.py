@@ -7,7 +7,7 @@ import io
 from bertrain.config import load_config
 from bertrain.console import make_console
 from bertrain.data.inspect_pairs import MIN_STATISTICS_TOKENS, show_pairs
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import make_prepared_dir
 
 
 def test_statistics_cover_at_least_min_tokens_and_say_how_many(tmp_path):
@@ -32,3 +32,14 @@ def test_a_small_corpus_is_used_whole(tmp_path):
     assert stats["tokens"] < MIN_STATISTICS_TOKENS and stats["batches"] * 8 <= stats["instances_per_epoch"] < \
         (stats["batches"] + 1) * 8
     assert "the whole epoch" in out.getvalue()
+
+
+def test_the_audit_runs_on_a_corpus_smaller_than_one_micro_batch(tmp_path, run_cli):
+    # 6 short documents give 9 training instances, fewer than tiny_bert's micro-batch of 32: the audit used to stop.
+    data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=6, validation_documents=0,
+                             max_paragraphs=18)
+    code, out, err = run_cli("inspect", str(data), "--pairs", "--audit", "--config", "tiny_bert",
+                             "--audit-instances", "100")
+    assert code == 0, err
+    assert "1 batch(es) of 9; the whole epoch" in " ".join(out.split())
+    assert "NSP shortcut audit" in out and "scored on" in out

@@ -3,12 +3,9 @@ starts in each, and the random B of NSP negatives (see bertrain.data.pairs for t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:  # pairs imports this module; the index type is only named here
-    from bertrain.data.pairs import SplitIndex
+from bertrain.data.split_index import SplitIndex
 
 RANDOM_B_DRAWS = 10
 
@@ -18,24 +15,24 @@ def uniform_int(rng: np.random.Generator, low: np.ndarray, high: np.ndarray) -> 
     return low + np.floor(rng.random(len(low)) * (high - low + 1)).astype(np.int64)
 
 
+def _sentence_at(index: SplitIndex, reach: np.ndarray, side: str) -> np.ndarray:
+    """The sentence holding global token count `reach` (np.searchsorted's `side` at a boundary)."""
+    # Sorted queries let searchsorted reuse the previous answer: ~10x faster on random-document starts.
+    order = np.argsort(reach, kind="stable")
+    sentence = np.empty_like(reach)
+    sentence[order] = np.searchsorted(index.sentence_cum, reach[order], side=side) - 1
+    return sentence
+
+
 def _chunk_end(index: SplitIndex, first: np.ndarray, target: np.ndarray, last: np.ndarray) -> np.ndarray:
     """Last sentence of a chunk starting at `first`: the first sentence where the running token
     count reaches `target` (Google's `current_length >= target_seq_length`), at most `last`."""
-    reach = index.sentence_cum[first] + np.maximum(target, 1)
-    # Sorted queries let searchsorted reuse the previous answer: ~10x faster on random-document starts.
-    order = np.argsort(reach, kind="stable")
-    end = np.empty_like(reach)
-    end[order] = np.searchsorted(index.sentence_cum, reach[order], side="left") - 1
-    return np.clip(end, first, last)
+    return np.clip(_sentence_at(index, index.sentence_cum[first] + np.maximum(target, 1), "left"), first, last)
 
 
 def _chunk_start(index: SplitIndex, end: np.ndarray, target: np.ndarray, first: np.ndarray) -> np.ndarray:
     """First sentence of a chunk built backward from `end`: the mirror of `_chunk_end`, at least `first`."""
-    reach = index.sentence_cum[end + 1] - np.maximum(target, 1)
-    order = np.argsort(reach, kind="stable")
-    start = np.empty_like(reach)
-    start[order] = np.searchsorted(index.sentence_cum, reach[order], side="right") - 1
-    return np.clip(start, first, end)
+    return np.clip(_sentence_at(index, index.sentence_cum[end + 1] - np.maximum(target, 1), "right"), first, end)
 
 
 def _other_document(nonempty: np.ndarray, rng: np.random.Generator, document: np.ndarray) -> np.ndarray:

@@ -7,11 +7,11 @@ from typing import Callable, Optional
 
 import torch
 
+from bertrain.config import fit_micro_batch_size
+from bertrain.console import first_time
 from bertrain.data.loader import build_validation_loader
-from bertrain.train.state import isolated_torch_rng
 from bertrain.train.step import all_reduce_sum
-
-_warned: set[str] = set()
+from bertrain.train.stream import isolated_torch_rng
 
 
 def validation_loader(prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int):
@@ -22,10 +22,8 @@ def validation_loader(prepared, data_config, *, seed: int, micro_batch_size: int
                                        world_size=world_size, max_batches=data_config.eval_batches)
 
     loader = build(micro_batch_size)
-    if len(loader) == 0 and loader.dataset is not None:
-        per_rank = len(loader.dataset.plan) // world_size
-        if per_rank >= 1:
-            loader = build(min(per_rank, micro_batch_size))
+    if len(loader) == 0 and loader.dataset is not None and len(loader.dataset.plan) >= world_size:
+        loader = build(fit_micro_batch_size(len(loader.dataset.plan), micro_batch_size, world_size))
     return loader
 
 
@@ -69,9 +67,8 @@ def evaluate(model, accelerator, prepared, data_config, *, seed: int, micro_batc
 
 
 def _warn_nothing_to_evaluate(prepared, batches: int, warn: Optional[Callable[[str], None]]) -> None:
-    if warn is None or str(prepared.path) in _warned:
+    if warn is None or not first_time(f"nothing to evaluate in {prepared.path}"):
         return
-    _warned.add(str(prepared.path))
     why = (f"{batches} validation micro-batch(es) had no masked token" if batches else
            "the data has no validation instances (no validation split, or fewer instances than processes)")
     warn(f"evaluation skipped: {why} in {prepared.path}; no eval records are written. Prepare the data with a "
