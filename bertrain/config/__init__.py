@@ -11,7 +11,7 @@ from bertrain.config.schema import (Config, DataConfig, LoggingConfig, ModelConf
                                     Recipe, SourceConfig, TokenizerConfig, TrainConfig, opt)
 from bertrain.config.validate import (ConfigWarning, check_precision_for_device, config_warnings,
                                       micro_batch_size_for, validate, validate_model)
-from bertrain.config.yaml_tree import (build_dataclass, describe_yaml, dump_yaml, nearest_key, parse_override,
+from bertrain.config.yaml_tree import (build_dataclass, describe_yaml, dump_yaml, flatten, nearest_key, parse_override,
                                        read_tree, read_yaml, resolve_config_path, set_dotted, shipped_dir,
                                        shipped_files, to_dict, type_name)
 
@@ -20,7 +20,7 @@ __all__ = [
     "SourceConfig", "TokenizerConfig", "TrainConfig", "opt",
     "load_config", "load_recipe", "validate", "validate_model", "micro_batch_size_for", "ConfigWarning",
     "check_precision_for_device", "config_warnings",
-    "build_dataclass", "dump_yaml", "parse_override", "read_tree", "read_yaml", "resolve_config_path",
+    "build_dataclass", "dump_yaml", "flatten", "parse_override", "read_tree", "read_yaml", "resolve_config_path",
     "set_dotted", "shipped_dir", "shipped_files", "describe_yaml", "nearest_key", "to_dict", "type_name",
     "config_reference_markdown", "explain_lines", "iter_docs",
 ]

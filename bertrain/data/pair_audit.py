@@ -38,6 +38,7 @@ from bertrain.tokenizer_file import load_tokenizer
 JOINT_FEATURES = ("length_sign", "full_length", "sep_parity", "a_continues", "b_continues", "a_ends_sentence",
                   "b_ends_sentence")
 PROBES = JOINT_FEATURES + ("sep_position", "joint")
+AUDIT_FILE = "pair_audit-{objective}.json"  # DATA_DIR's last audit per objective, for `bertrain report`
 WARNING_MARGIN = 0.02
 # 10,000 held-out instances: the standard error of an accuracy near 50% is 0.5 points, so the
 # 2-point warning margin is 4 standard errors (a chance false alarm has probability ~3e-5).
