@@ -69,7 +69,7 @@ def test_the_page_holds_each_curve_and_the_resume_mark(resumed_run, run_cli, tmp
         assert {("resume", N), ("checkpoint", N), ("checkpoint", STEPS), ("stop", STEPS)} <= marks.keys()
         assert marks["resume", N] == f"resumed at step {N} (after: stopped at train.stop_at_step={N})"
         assert run["status"].startswith("finished") and run["total_steps"] == STEPS and run["parameters"] > 0
-        assert any(line.startswith("Trained in 2 sessions") for line in run["verdict"]) and not run["notes"]
+        assert run["sessions"] == 2 and run["skipped"] == 0 and run["objective"] == "nsp" and not run["notes"]
         diff = run["config_diff"]
         assert diff["shipped"] == "tiny_bert" and ["train.max_steps", "500", str(STEPS)] in diff["rows"]
         assert run["data"]["facts"]["tokenizer"].startswith("wordpiece") and not run["data"]["audit"]["found"]
@@ -158,6 +158,7 @@ def test_the_page_renders_in_headless_chromium(resumed_run, tmp_path):
         assert 'data-charts="6"' in result.stdout and "data-errors" not in result.stdout, result.stdout[-3000:]
         text = html.unescape(result.stdout)  # what report.js wrote into the page
         assert f"resumed at step {N}" in text and "closest shipped config, tiny_bert" in text
+        assert "Trained in 2 sessions (resumed 1 time(s))." in text and "Validation NSP accuracy" in text
         assert "Data" in text and "No metrics.jsonl in" in text
     shot = tmp_path / "report.png"
     result = chromium(page.as_uri(), f"--screenshot={shot}", "--window-size=1400,2000")

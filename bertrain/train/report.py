@@ -1,8 +1,7 @@
-"""`bertrain report`: one self-contained HTML page of RUN_DIRs: curves, marks, data, config diff and verdict.
+"""`bertrain report`: one self-contained HTML page of RUN_DIRs (curves, marks, data, config diff, verdict).
 
-The plotting library (uPlot, MIT, vendored in report_assets/) and the data are inline: the page opens
-offline. Curves are downsampled to MAX_POINTS for drawing (metrics.jsonl is only read); whatever a RUN_DIR
-lacks (no metrics yet, a torn line, an older bertrain's records, a moved DATA_DIR) is said on the page.
+Everything is inline (uPlot, MIT, is vendored in report_assets/; report.js draws the page from the data read
+here), curves are downsampled to MAX_POINTS, and whatever a RUN_DIR lacks is said on the page, never raised.
 """
 
 from __future__ import annotations
@@ -103,9 +102,10 @@ def read_run(run_dir: Path, name: str) -> dict:
     return {"name": name, "path": str(run_dir.resolve()), "notes": notes, "status": status, "marks": marks,
             "model": config.get("model"), "parameters": facts.get("parameters"),
             "total_steps": facts.get("total_steps") or config.get("train", {}).get("max_steps"),
-            "verdict": _verdict(train, evals, facts, config),
-            "data": _data(config["data"], notes) if "data" in config else None,
-            "config_diff": _config_diff(config), "evaluation": [  # the tables `bertrain evaluate --out` wrote here
+            "objective": config.get("data", {}).get("objective"), "sessions": facts["starts"],
+            "skipped": facts["skipped"], "data": _data(config["data"], notes) if "data" in config else None,
+            "config_diff": _config_diff(config) if config else None,
+            "evaluation": [  # the tables `bertrain evaluate --out` wrote under this RUN_DIR
                 [str(p.relative_to(run_dir)), p.read_text(encoding="utf-8", errors="replace")]
                 for p in sorted(run_dir.glob("results.md")) + sorted(run_dir.glob("*/results.md"))],
             "train": _series(train, TRAIN_KEYS, tokens_at, ("mlm_loss", "sentence_loss")),
@@ -113,8 +113,7 @@ def read_run(run_dir: Path, name: str) -> dict:
 
 
 def _marks(records: list[dict], run_dir: Path, notes: list[str]) -> tuple[list[dict], str, dict]:
-    """Marks on the curves (checkpoints, resumes, the last stop, skipped steps), how the run ended, and what
-    its start records say (parameters, total steps; also skipped steps and sessions)."""
+    """Marks on the curves (checkpoints, resumes, the last stop, skipped steps), the run's status, and facts."""
     marks, stop, facts = [], None, {"skipped": 0, "starts": 0}
     for record in (r for r in records if r.get("kind") in ("start", "checkpoint", "nonfinite", "stop")):
         kind, step = record["kind"], record["step"]
@@ -181,29 +180,6 @@ def _number(value):
     return None
 
 
-def _verdict(train: list[dict], evals: list[dict], facts: dict, config: dict) -> list[str]:
-    """What the curves say, in a few sentences."""
-    lines, losses = [], [(r["step"], r["loss"]) for r in train if _number(r.get("loss")) is not None]
-    if losses:
-        lines.append(f"Training loss {losses[0][1]:.3f} at step {losses[0][0]} → {losses[-1][1]:.3f} at step "
-                     f"{losses[-1][0]}" + (" (lower)." if losses[-1][1] < losses[0][1] else " (not lower)."))
-    accuracies = [r["mlm_accuracy"] for r in evals if _number(r.get("mlm_accuracy")) is not None]
-    if accuracies:
-        lines.append(f"Validation MLM accuracy {accuracies[-1]:.1%} at step {evals[-1]['step']} (first "
-                     f"evaluation {accuracies[0]:.1%}, best {max(accuracies):.1%}).")
-    if evals and _number(accuracy := evals[-1].get("sentence_accuracy")) is not None:
-        lines.append(f"Validation {str(config.get('data', {}).get('objective', '')).upper() or 'sentence'} accuracy "
-                     f"{accuracy:.1%}: " + ("near chance (50%)." if abs(accuracy - 0.5) < 0.03 else
-                                            f"{accuracy - 0.5:+.1%} from chance."))
-    if train and not evals:
-        lines.append("No evaluation yet (train.eval_every).")
-    if facts["skipped"]:
-        lines.append(f"{facts['skipped']} step(s) skipped for a non-finite loss or gradient.")
-    if facts["starts"] > 1:
-        lines.append(f"Trained in {facts['starts']} sessions (resumed {facts['starts'] - 1} time(s)).")
-    return lines
-
-
 def _read_config(path: Path, notes: list[str]) -> dict:
     """RUN_DIR/config.yaml's sections (mappings only, so that every lookup may use .get); {} when unreadable."""
     try:
@@ -239,10 +215,8 @@ def _shipped_configs() -> dict[str, dict]:
     return {path.stem: flatten(to_dict(load_config(path))) for path in shipped_files("configs")}
 
 
-def _config_diff(config: dict) -> dict | None:
+def _config_diff(config: dict) -> dict:
     """The run's config as a diff against the closest shipped config (the fewest differing keys)."""
-    if not config:
-        return None
     def shown(tree: dict, key: str) -> str:
         return json.dumps(tree[key], default=str) if key in tree else "(absent)"
     ours = flatten(config)

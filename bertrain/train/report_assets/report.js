@@ -113,7 +113,7 @@
 
   function list(items) {  // {term: description} as a <dl>
     const node = el("dl");
-    Object.entries(items).forEach(([term, text]) => { node.appendChild(el("dt", term)); node.appendChild(el("dd", text)); });
+    Object.entries(items).forEach(([term, text]) => node.append(el("dt", term), el("dd", text)));
     return node;
   }
 
@@ -129,12 +129,37 @@
       .concat(typeof run.parameters === "number" ? [`${count(run.parameters)} parameters`] : []).join(", ");
   }
 
+  function verdict(run) {  // what the curves say, in a few sentences (first and last points are never dropped)
+    const lines = [], train = run.train, evals = run.eval;
+    const losses = (train.loss || []).map((v, i) => [train.step[i], v]).filter(pair => pair[1] != null);
+    if (losses.length) {
+      const [[s0, l0], [s1, l1]] = [losses[0], losses[losses.length - 1]];
+      lines.push(`Training loss ${l0.toFixed(3)} at step ${s0} → ${l1.toFixed(3)} at step ${s1} ` +
+                 `(${l1 < l0 ? "lower" : "not lower"}).`);
+    }
+    const accuracies = (evals.mlm_accuracy || []).filter(v => v != null);
+    if (accuracies.length) {
+      lines.push(`Validation MLM accuracy ${percent(last(accuracies))} at step ${last(evals.step)} (first evaluation ` +
+                 `${percent(accuracies[0])}, best ${percent(Math.max(...accuracies))}).`);
+    }
+    const sentence = last(evals.sentence_accuracy), objective = (run.objective || "").toUpperCase() || "sentence";
+    if (sentence != null) {
+      lines.push(`Validation ${objective} accuracy ${percent(sentence)}: ` +
+                 (Math.abs(sentence - 0.5) < 0.03 ? "near chance (50%)." :
+                  `${(100 * (sentence - 0.5)).toFixed(1)} points from chance (50%).`));
+    }
+    if (train.step.length && !evals.step.length) lines.push("No evaluation yet (train.eval_every).");
+    if (run.skipped) lines.push(`${run.skipped} step(s) skipped for a non-finite loss or gradient.`);
+    if (run.sessions > 1) lines.push(`Trained in ${run.sessions} sessions (resumed ${run.sessions - 1} time(s)).`);
+    return lines;
+  }
+
   function section(run) {  // what the page says of one run, below the curves
     const box = el("section");
     box.append(el("h2", run.name), el("p", run.path, "path"));
     run.notes.forEach(note => box.appendChild(el("p", note, "note")));
-    const verdict = box.appendChild(el("ul", null, "verdict"));
-    run.verdict.forEach(line => verdict.appendChild(el("li", line)));
+    const bullets = box.appendChild(el("ul", null, "verdict"));
+    verdict(run).forEach(line => bullets.appendChild(el("li", line)));
     box.appendChild(list({model: model(run), status: run.status,
                           marks: run.marks.map(m => m.text).join("; ") || "none"}));
     if (run.data) {
