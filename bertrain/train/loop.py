@@ -337,6 +337,7 @@ class Trainer:
             session.window_time = time.time()
         if evaluate_now:
             self._report(parts)  # after the save, so that its mark is on the page
+            session.window_time = time.time()  # writing the page is not training time
         if metrics.stop:
             session.exit_code = train.requeue_exit_code
             session.stop_reason = f"stopped by {received_signal_name() or 'a signal on another rank'}"
