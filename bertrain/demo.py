@@ -373,7 +373,7 @@ def print_summary(result: DemoResult, console: Console) -> None:
     console.print(predictions)
     where = _table("where everything was written", "what", "path")
     labels = {"corpus": "corpus (.txt)", "recipe": "data recipe", "data": "prepared data (DATA_DIR)",
-              "run": "run: checkpoints, metrics.jsonl (RUN_DIR)", "model": "Hugging Face model",
+              "run": "run: checkpoints, metrics.jsonl, report.html (RUN_DIR)", "model": "Hugging Face model",
               "summary": "these figures (JSON)"}
     for key, label in labels.items():
         where.add_row(label, result.paths[key])

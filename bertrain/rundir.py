@@ -29,6 +29,8 @@ from bertrain.tokenizer_file import TOKENIZER_FILES
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
+REPORT = "report.html"  # `bertrain report`'s page, rewritten after each evaluation
+EVALUATION = "results.md"  # a downstream evaluation's table, shown by the report when present
 WANDB_ID = "wandb_id.txt"
 LOCK = ".lock"
 TOKENIZER = "tokenizer"

@@ -94,10 +94,6 @@ def assert_rounding_close(actual, expected, reduction_length: int, steps: int = 
     assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
     error = float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
     rtol = rounding_rtol(reduction_length, steps, dtype)
-    if os.environ.get("XP_LOG"):  # TEMP
-        import inspect
-        with open(os.environ["XP_LOG"], "a") as f:
-            f.write(f"{os.environ.get('XP_TAG','')} {inspect.stack()[1].function} {name} {error:.3g} {rtol:.3g} {error/rtol:.3f}\n")
     assert error <= rtol, f"{name}: relative error {error:.3g} > rounding_rtol {rtol:.3g}"
 
 

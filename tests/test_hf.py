@@ -47,7 +47,8 @@ def build_tokenizer(kind: str, text: str, out_dir) -> int:
         tokenizer = Tokenizer(models.Unigram())
         tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(), pre_tokenizers.Metaspace()])
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(),
+             pre_tokenizers.Metaspace()])
         tokenizer.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=400, special_tokens=specials, unk_token="<unk>")
     tokenizer.train_from_iterator(text.splitlines(), trainer)
@@ -83,7 +84,8 @@ def exported(request, tmp_path_factory, pydoc_text):
     """(kind, model, tokenizer dir, export dir, run dir) for a tiny random model with its tokenizer."""
     kind = request.param
     root = tmp_path_factory.mktemp(kind)
-    vocab = build_tokenizer("wordpiece" if kind == "bert" else "unigram", pydoc_text[:300_000], root / "run" / "tokenizer")
+    vocab = build_tokenizer("wordpiece" if kind == "bert" else "unigram", pydoc_text[:300_000],
+                            root / "run" / "tokenizer")
     torch.manual_seed(0)
     model = build_model(tiny_config(kind, vocab))
     spread_(model, seed=1)
@@ -112,7 +114,7 @@ TEXTS = ["the [MASK] statement is used to define a function.", "a [MASK] of obje
 
 def rounding(model) -> dict:
     """rounding_rtol's K and steps between bertrain and transformers: the vocabulary's softmax, each layer carrying
-    the earlier ones' rounding (1e-5 of the largest value here: an error of 1e-3 in one weight fails)."""
+    the earlier ones' rounding (about 1e-5 of the largest value, as in tests/test_model.py)."""
     return dict(reduction_length=model.config.vocab_size, steps=model.config.num_hidden_layers)
 
 
@@ -321,7 +323,7 @@ def test_export_verify_fails_when_transformers_reads_other_logits(exported, tmp_
 
     def skewed(model):
         state = faithful(model)
-        name = next(k for k in state if k.endswith("attention.output.dense.weight") or k.endswith("attention.dense.weight"))
+        name = next(k for k in state if k.endswith(("attention.output.dense.weight", "attention.dense.weight")))
         # Random, not uniform: a uniform shift would be removed by the LayerNorm that follows.
         state[name] = state[name] + 1e-2 * torch.randn(state[name].shape, generator=torch.Generator().manual_seed(0))
         return state

@@ -77,7 +77,8 @@ def test_lamb_equals_per_parameter_lamb(kind, native):
     reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
     optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6, native=native)
     run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
-    moved = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
+    moved = max(float((a - b).abs().max())
+                for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
     assert moved > 1e-3  # the steps did change the weights
     assert_same(reference_model, model, reference, optimizer, steps=5)
 
@@ -91,8 +92,8 @@ def test_lamb_without_fused_kernel_uses_foreach_ops_with_same_result(monkeypatch
     reference_model = tiny_model("bert")
     model = copy.deepcopy(reference_model)
     # The foreach ops compute 1 - beta2^t in float32 (the fused kernel in float64), a cancellation that multiplies
-    # its rounding by beta2 / (1 - beta2^t): with beta2 = 0.999, 3e-5 of the update. A beta2 whose powers float32
-    # holds exactly leaves the rounding this test can hold to.
+    # its rounding by beta2 / (1 - beta2^t): with beta2 = 0.999, 3e-5 of the update. Float32 holds the powers of
+    # 0.875 = 1 - 2^-3 exactly, which leaves only the rounding that assert_same allows.
     betas = (0.9, 0.875)
     reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=betas)
     optimizer = Lamb(groups_of(model), lr=1e-2, betas=betas, native=False)

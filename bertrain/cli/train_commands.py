@@ -77,3 +77,28 @@ def check_pretrain_arguments(config: Optional[str], resume: str) -> None:
             f"--resume {resume}: no such checkpoint or RUN_DIR. Use --resume auto (continue from RUN_DIR's newest "
             f"checkpoint), --resume never, --resume restart (start over, moving the old checkpoints aside) or an "
             f"existing checkpoint directory (RUN_DIR/checkpoints/step-…).")
+
+
+@app.command("report")
+def report(
+    run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="RUN_DIRs: several overlay on the same axes."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write."),
+) -> None:
+    """Write one self-contained HTML page of RUN_DIRs: curves against steps or tokens, marks where checkpoints,
+    stops and resumes happened, model, data, config diff and verdict. It opens offline in any browser.
+
+    `pretrain` keeps RUN_DIR/report.html current after each evaluation (logging.report).
+
+    Example: bertrain report runs/tiny --out tiny.html
+
+    Example: bertrain report runs/lr1e-4 runs/lr3e-4 runs/albert --out sweep.html
+    """
+    from bertrain.errors import UsageError
+    from bertrain.console import human_bytes
+    from bertrain.train.report import write_report
+
+    missing = [str(path) for path in run_dirs if not path.is_dir()]
+    if missing:
+        raise UsageError(f"No such RUN_DIR: {', '.join(missing)}.")
+    size = write_report(run_dirs, out)
+    console.print(f"Wrote {out} ({human_bytes(size)}): open it in a browser.", highlight=False)

@@ -171,13 +171,15 @@ class TrainConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where metrics go besides RUN_DIR/metrics.jsonl."""
+    """Where metrics go besides RUN_DIR/metrics.jsonl: wandb, and RUN_DIR/report.html."""
 
     wandb: Literal["off", "online", "offline", "disabled"] = opt(
         "off", "Weights & Biases mode; `online` falls back to offline when the network is unreachable.")
     wandb_project: str = opt("bertrain", "wandb project name.")
     wandb_run_name: Optional[str] = opt(None, "wandb run name (null: RUN_DIR's name).")
     wandb_init_timeout: float = opt(30.0, "Seconds to wait for wandb online before falling back to offline.")
+    report: bool = opt(True, "Rewrite RUN_DIR/report.html (the page of `bertrain report`: curves, data, verdict) "
+                             "after each evaluation and when the run ends; false: never.")
 
 
 @dataclass

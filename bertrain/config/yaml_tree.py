@@ -244,6 +244,17 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {"section.key": value}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def set_dotted(tree: dict, dotted: str, value: Any, root_cls: type) -> None:
     """Apply one `section.key=value` override to a raw mapping, validating the path against `root_cls`."""
     parts = dotted.split(".")

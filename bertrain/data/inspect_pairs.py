@@ -3,7 +3,9 @@ shortcut audit of the sentence labels (`--audit`, see bertrain.data.pair_audit).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -16,7 +18,8 @@ from bertrain.config import Config, DataConfig, fit_micro_batch_size, load_confi
 from bertrain.data.format import open_prepared
 from bertrain.data.loader import epoch_plan, train_dataset
 from bertrain.data.masking import IGNORE_INDEX
-from bertrain.data.pair_audit import DEFAULT_INSTANCES, PROBE_NAMES, WARNING_MARGIN, ProbeResult, audit_pairs
+from bertrain.data.pair_audit import (AUDIT_FILE, DEFAULT_INSTANCES, PROBE_NAMES, WARNING_MARGIN, ProbeResult,
+                                      audit_pairs)
 from bertrain.errors import DataError
 from bertrain.tokenizer_file import token_strings
 
@@ -196,4 +199,9 @@ def show_audit(data_dir, config, console, instances: int = DEFAULT_INSTANCES) ->
     results = audit_pairs(open_prepared(data_dir), data_config, seed=seed, micro_batch_size=micro_batch_size,
                           instances=instances)
     print_audit(results, data_config.objective, console)
+    table = [{"feature": PROBE_NAMES.get(r.probe, r.probe), "accuracy": r.accuracy, "majority": r.majority,
+              "shortcut": r.shortcut} for r in results]
+    with contextlib.suppress(OSError):  # a read-only DATA_DIR: the table was printed, the report goes without it
+        (Path(data_dir) / AUDIT_FILE.format(objective=data_config.objective)).write_text(json.dumps(
+            {"max_seq_length": data_config.max_seq_length, "held_out": results[0].held_out_instances, "probes": table}))
     return results

@@ -37,6 +37,7 @@ PROBE_NAMES = {
 }
 PROBES = tuple(PROBE_NAMES)
 JOINT_FEATURES = PROBES[:7]
+AUDIT_FILE = "pair_audit-{objective}.json"  # DATA_DIR's last audit per objective, for `bertrain report`
 WARNING_MARGIN = 0.02
 # 10,000 held-out instances: the standard error of an accuracy near 50% is 0.5 points, so the
 # 2-point warning margin is 4 standard errors (a chance false alarm has probability ~3e-5).

@@ -1,4 +1,4 @@
-"""Validation: MLM loss, accuracy and perplexity, sentence accuracy, with fixed masks, on all ranks."""
+"""Validation: MLM loss, accuracy and perplexity, sentence loss and accuracy, with fixed masks, on all ranks."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def evaluate(model, accelerator, prepared, data_config, *, seed: int, micro_batc
     `warn` is called once per data directory). `progress(done, total)` follows the micro-batches."""
     inner = accelerator.unwrap_model(model)
     inner.eval()
-    sums = torch.zeros(5, dtype=torch.float64)  # MLM CE, correct, predicted; sentence correct, labelled instances
+    sums = torch.zeros(6, dtype=torch.float64)  # MLM CE, correct, predicted; sentence correct, labelled, CE
     with isolated_torch_rng():
         loader = validation_loader(prepared, data_config, seed=seed, micro_batch_size=micro_batch_size,
                                    rank=accelerator.process_index, world_size=accelerator.num_processes)
@@ -52,17 +52,18 @@ def evaluate(model, accelerator, prepared, data_config, *, seed: int, micro_batc
                 if out.sentence_correct is not None:
                     sums[3] += out.sentence_correct.cpu()
                     sums[4] += out.sentence_count.cpu()  # labelled instances only
+                    sums[5] += out.sentence_loss_sum.double().cpu()
                 if progress is not None:
                     progress(done, len(loader))
     inner.train()
-    ce, correct, predicted, sentence_correct, instances = all_reduce_sum(accelerator, sums.tolist())
+    ce, correct, predicted, sentence_correct, instances, sentence_ce = all_reduce_sum(accelerator, sums.tolist())
     if predicted == 0:
         _warn_nothing_to_evaluate(prepared, len(loader), warn)
         return {}
     record = {"mlm_loss": ce / predicted, "mlm_accuracy": correct / predicted,
               "mlm_perplexity": math.exp(min(ce / predicted, 50.0))}
     if instances:
-        record["sentence_accuracy"] = sentence_correct / instances
+        record.update(sentence_loss=sentence_ce / instances, sentence_accuracy=sentence_correct / instances)
     return record
 
 

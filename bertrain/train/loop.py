@@ -32,6 +32,7 @@ from bertrain.train.monitor import Monitor, NullMonitor
 from bertrain.train.optim import apply_settings, build_optimizer, build_scheduler, stretch_schedule
 from bertrain.train.parent_watch import watch_parent
 from bertrain.train.precision import local_device_type
+from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
 from bertrain.train.signals import install_handlers, received_signal_name, stop_at_once
@@ -185,14 +186,22 @@ class Trainer:
         return state.step >= train.max_steps
 
     def _save(self, parts: Parts) -> Path:
-        return checkpoint.save_checkpoint(self.accelerator, self.run_dir, self.config, self.prepared, parts.model,
+        saved = checkpoint.save_checkpoint(self.accelerator, self.run_dir, self.config, self.prepared, parts.model,
                                           parts.optimizer, parts.scheduler, parts.state)
+        parts.monitor.event("checkpoint", parts.state.step)
+        return saved
+
+    def _report(self, parts: Parts) -> None:
+        if self.config.logging.report and self.accelerator.is_main_process:
+            write_run_report(self.run_dir, parts.monitor.warn)
 
     def _loop(self, parts: Parts, num_parameters: int) -> int:
         train, accelerator, state = self.config.train, self.accelerator, parts.state
         parts.model.train()
         session = Session(start_step=state.step)
         parts.monitor.start(state.step, state.total_steps)
+        parts.monitor.event("start", state.step, total_steps=state.total_steps, parameters=num_parameters,
+                            processes=accelerator.num_processes, device=str(accelerator.device))
         if accelerator.is_main_process:
             parts.monitor.message(
                 f"Training {num_parameters:,} parameters on {accelerator.num_processes} process(es), "
@@ -213,6 +222,7 @@ class Trainer:
             raise
         finally:
             parts.monitor.close(self._summary(state, session))
+            self._report(parts)
         accelerator.end_training()
         if session.exit_code:
             raise Interrupted(f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. "
@@ -256,6 +266,7 @@ class Trainer:
         state = parts.state
         since, state.bad_steps = session.watch.read()
         if since:
+            parts.monitor.event("nonfinite", state.step, skipped=since)
             parts.monitor.warn(f"step {state.step}: non-finite loss or gradient in {since} step(s) since the last "
                                f"check; update skipped, step skipped ({state.bad_steps} in a row).")
         if state.bad_steps >= self.config.train.max_bad_steps:
@@ -276,7 +287,8 @@ class Trainer:
             self._check_finite(parts, session)
         if log_due:
             self._log(parts, session, metrics.read(self.accelerator), lr)
-        if applied and train.eval_every and state.step % train.eval_every == 0:
+        evaluate_now = applied and train.eval_every and state.step % train.eval_every == 0
+        if evaluate_now:
             result = evaluate(parts.model, self.accelerator, self.prepared, self.config.data, seed=train.seed,
                               micro_batch_size=parts.micro_batch_size, progress=parts.monitor.eval_progress,
                               warn=parts.monitor.warn)
@@ -290,6 +302,9 @@ class Trainer:
                 session.last_checkpoint = self._save(parts)
             fault_hooks.fire("CRASH_AFTER_SAVE", state.step)
             session.window_time = time.time()
+        if evaluate_now:
+            self._report(parts)  # after the save, so that its mark is on the page
+            session.window_time = time.time()  # writing the page is not training time
         if metrics.stop:
             session.exit_code = train.requeue_exit_code
             session.stop_reason = f"stopped by {received_signal_name() or 'a signal on another rank'}"

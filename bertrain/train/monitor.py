@@ -90,6 +90,7 @@ class NullMonitor:
 
     def start(self, *args: Any, **kwargs: Any) -> None: ...
     def log(self, *args: Any, **kwargs: Any) -> None: ...
+    def event(self, *args: Any, **kwargs: Any) -> None: ...
     def advance(self, *args: Any, **kwargs: Any) -> None: ...
     def eval_progress(self, *args: Any, **kwargs: Any) -> None: ...
     def message(self, *args: Any, **kwargs: Any) -> None: ...
@@ -157,9 +158,7 @@ class Monitor(NullMonitor):
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record (train or eval) to metrics.jsonl, wandb and the progress line."""
-        record = dict(record, time=time.time())
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        record = self.event(**record)
         kind = record.get("kind", "train")
         if self.wandb_run is not None:
             prefix = "eval/" if kind == "eval" else "train/"
@@ -181,6 +180,14 @@ class Monitor(NullMonitor):
         else:
             self.console.print(f"eval step {record['step']}: {text}", highlight=False)
 
+    def event(self, kind: str, step: int, **fields: Any) -> dict:
+        """Append one record to metrics.jsonl, and only there: train and eval (through `log`), and the marks
+        `bertrain report` draws (start, checkpoint, nonfinite, stop)."""
+        record = {"kind": kind, "step": step, **fields, "time": time.time()}
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        return record
+
     def message(self, text: str) -> None:
         (self.progress.console if self.progress is not None else self.console).print(text, highlight=False)
 
@@ -188,6 +195,9 @@ class Monitor(NullMonitor):
         self.message(f"[yellow]Warning:[/] {text}")
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
+        if summary:
+            with contextlib.suppress(OSError):  # a full disk: the error being raised says so
+                self.event("stop", summary["step"], reason=summary["result"])
         if self.progress is not None:
             self.progress.stop()
             self.progress = None

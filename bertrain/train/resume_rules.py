@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bertrain import rundir
-from bertrain.config import Config, build_dataclass, read_yaml, to_dict
+from bertrain.config import Config, build_dataclass, flatten, read_yaml, to_dict
 from bertrain.config.resume_keys import BUDGET_KEYS, FORCE_KEYS, FREE_KEYS, NEVER_KEYS
 from bertrain.errors import ConfigError
 from bertrain.train.checkpoint import TrainState
@@ -29,16 +29,6 @@ class Resumption:
     state: TrainState
     forced: list[str] = field(default_factory=list)  # differences --force let through
     longer_budget: str | None = None                 # e.g. "train.max_steps: 40 → 42" (a free change)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def is_free(key: str) -> bool:
@@ -68,7 +58,7 @@ def resume_differences(saved: Config, saved_state: TrainState, saved_data: dict,
                        world_size: int, data: dict) -> tuple[list[str], list[str], str | None]:
     """(never allowed, allowed with --force, a longer budget) between a checkpoint and this run."""
     never, forceable = [], []
-    old, new = _flatten(to_dict(saved)), _flatten(to_dict(config))
+    old, new = flatten(to_dict(saved)), flatten(to_dict(config))
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key) or is_free(key) or key in BUDGET_KEYS:
             continue
