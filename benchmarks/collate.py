@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bertrain.config import DataConfig, load_config  # noqa: E402
 from bertrain.data.format import open_prepared  # noqa: E402
 from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings  # noqa: E402
-from bertrain.data.pairs import SplitIndex, build_plan  # noqa: E402
-from tests.helpers_data import SPECIAL_STRINGS, make_prepared_dir  # noqa: E402
+from bertrain.data.pairs import build_plan  # noqa: E402
+from bertrain.data.split_index import SplitIndex  # noqa: E402
+from bertrain.tokenizer_file import load_tokenizer  # noqa: E402
+from tests.helpers import SPECIAL_STRINGS, make_prepared_dir  # noqa: E402
 
 SEQ, BATCH = 128, 256
 
@@ -53,12 +55,11 @@ def dataset_for(prepared, data_config, micro_batch_size: int, epoch: int = 0) ->
 
 
 def collate_throughput(prepared, rounds: int) -> None:
-    from tokenizers import Tokenizer
     from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
     names = SPECIAL_STRINGS["wordpiece"]
     hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_file(str(prepared.tokenizer_dir / "tokenizer.json")), pad_token=names["pad"],
+        tokenizer_object=load_tokenizer(prepared.tokenizer_dir), pad_token=names["pad"],
         unk_token=names["unk"], cls_token=names["cls"], sep_token=names["sep"], mask_token=names["mask"],
         model_input_names=["input_ids", "token_type_ids", "attention_mask"])
     hf_collator = DataCollatorForLanguageModeling(hf_tokenizer, mlm=True, mlm_probability=0.15, pad_to_multiple_of=8)
@@ -108,9 +109,7 @@ def step_versus_collate(prepared, rounds: int) -> None:
             batch = dataset[0]
 
             def step():
-                out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                            labels=batch["labels"], sentence_label=batch.get("sentence_label"))
-                out.loss.backward()
+                model(**batch).loss.backward()  # with the collator's BatchLayout, as in training
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 

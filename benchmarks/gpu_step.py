@@ -13,6 +13,8 @@ only) against that peak. Not part of the test suite; `--device cpu` runs a tiny 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 
 import torch
 from model_step import gemm_fn, make_batch, reference_model, step_fn, time_alternating, useful_flops
@@ -25,24 +27,31 @@ SHAPES = {  # name: (shipped config, vocab size, {seq: batch on an 80 GB GPU})
     "bert-large": ("bert_large", 30522, {128: 128, 512: 16}),
     "albert-base": ("albert_base", 30000, {128: 256, 512: 32}),
     "albert-large": ("albert_large", 30000, {128: 128, 512: 16}),
-    "tiny": ("tiny_bert", 1000, {32: 4, 64: 4, 128: 4}),  # for `--device cpu` (the test)
+    "tiny": ("tiny_bert", 1000, {32: 4, 64: 4, 128: 4}),  # for `--device cpu` (the tests)
+    "tiny-albert": ("tiny_albert", 1000, {32: 4, 64: 4, 128: 4}),
 }
 
 
 def model_config(shape: str, seq: int):
+    """The shipped config's model at this length: 512 positions as the real models (more for a longer seq)."""
     config_name, vocab, _ = SHAPES[shape]
-    positions = max(seq, 128)
-    return load_config(config_name, [f"model.vocab_size={vocab}",
-                                     f"model.max_position_embeddings={positions}"]).model
+    return load_config(config_name, [f"model.vocab_size={vocab}", f"data.max_seq_length={seq}",
+                                     f"model.max_position_embeddings={max(seq, 512)}"]).model
 
 
-def measure(shape: str, seq: int, batch_size: int, args, device: torch.device) -> dict:
-    """Seconds per step of ours and transformers', and the GEMM peak, for one shape and length."""
+def build_pair(shape: str, seq: int, device: torch.device):
+    """(config, ours, transformers') for a shape, on the device, the same weights: one pair serves every length
+    up to `seq` (the position table is the same)."""
     config = model_config(shape, seq)
     torch.manual_seed(0)
     ours = build_model(config).train()
     theirs = reference_model(ours, config).to(device).train()  # weights copied while both are on the CPU
-    ours.to(device)
+    return config, ours.to(device), theirs
+
+
+def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict:
+    """Seconds per step of ours and transformers', and the GEMM peak, for one shape and length."""
+    config, ours, theirs = pair
     batch = {k: v.to(device) for k, v in make_batch(config, batch_size, torch.Generator().manual_seed(0), seq).items()}
     dtype = None if args.dtype == "fp32" else torch.bfloat16
     gemm, gemm_flops = gemm_fn(dtype or torch.float32, args.gemm_size, device)
@@ -64,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="Steps per timed run.")
     parser.add_argument("--gemm-size", type=int, default=None, help="Peak GEMM size (default 8192 cuda, 1024 cpu).")
+    parser.add_argument("--results", default=None, help="Append each row as a JSON line to this file.")
     args = parser.parse_args()
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -77,15 +87,29 @@ def main() -> None:
           f"medians of {args.rounds} alternated rounds of {args.repeats} steps")
     print(f"{'shape':<13} {'seq':>4} {'batch':>5} {'ours seq/s':>11} {'hf seq/s':>10} {'speed-up':>8} "
           f"{'ours MFU':>8} {'hf MFU':>7} {'peak TF/s':>9}")
+    seqs = [int(s) for s in args.seqs.split(",")]
     for shape in args.shapes.split(","):
-        for seq in (int(s) for s in args.seqs.split(",")):
+        started, pair = time.perf_counter(), None
+        for seq in seqs:
             batch_size = args.batch or SHAPES[shape][2].get(seq, 8)
-            r = measure(shape, seq, batch_size, args, device)
+            try:
+                pair = pair or build_pair(shape, max(seqs), device)
+                r = measure(pair, seq, batch_size, args, device)
+            except Exception as error:  # e.g. out of memory: the other shapes still run
+                print(f"{shape:<13} {seq:>4} {batch_size:>5} failed: {type(error).__name__}: {error}", flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
             print(f"{shape:<13} {seq:>4} {batch_size:>5} {batch_size / r['ours']:>11.1f} {batch_size / r['hf']:>10.1f} "
                   f"{r['hf'] / r['ours']:>7.2f}x {100 * r['flops'] / r['ours'] / r['peak']:>7.3g}% "
                   f"{100 * r['flops'] / r['hf'] / r['peak']:>6.3g}% {r['peak'] / 1e12:>9.3g}", flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            if args.results:  # one line per row as it is measured: a run cut short keeps its rows
+                with open(args.results, "a") as out:
+                    out.write(json.dumps(dict(r, shape=shape, seq=seq, batch=batch_size, dtype=args.dtype)) + "\n")
+        del pair
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        print(f"  ({shape}: {time.perf_counter() - started:.1f} s, models built once for every length)", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from bertrain.config import DataConfig, ModelConfig, OptimConfig, load_config
 from bertrain.data.format import open_prepared
 from bertrain.data.loader import build_train_loader
 from bertrain.model import build_model
-from bertrain.model.layout import batch_layout
 from bertrain.train.optim import build_optimizer, build_scheduler
 from bertrain.train.step import NonFiniteWatch, optimizer_step, train_step
 
@@ -75,7 +74,7 @@ def main() -> None:
     model_config = ModelConfig(**{**vars(config.model), "vocab_size": prepared.vocab_size, "init_from": None})
     data_config = DataConfig(objective=config.data.objective, max_seq_length=config.data.max_seq_length)
     loader = build_train_loader(prepared, data_config, seed=0, epoch=0, micro_batch_size=config.train.batch_size,
-                                rank=0, world_size=1, layout=batch_layout)
+                                rank=0, world_size=1)
     batches = [loader.dataset[i % len(loader.dataset)] for i in range(args.steps)]
     variants = {}
     for name, make in (("bare", lambda m, o: bare_step(m, o)),

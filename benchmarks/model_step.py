@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from bertrain.batch_layout import IGNORE_INDEX
 from bertrain.train.precision import cpu_has_native_bf16
 
 SHAPES = {  # name: (type, hidden, layers, heads, intermediate, embedding, batch)
@@ -59,7 +60,7 @@ def make_batch(config, batch: int, generator: torch.Generator, seq: int = SEQ) -
     ids = torch.randint(5, config.vocab_size, (batch, seq), generator=generator)
     picked = torch.rand(batch, seq, generator=generator) < MASKED
     picked[:, 0] = False
-    labels = torch.where(picked, ids, torch.full_like(ids, -100))
+    labels = torch.where(picked, ids, torch.full_like(ids, IGNORE_INDEX))
     ids = torch.where(picked, torch.full_like(ids, 4), ids)
     token_types = (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous()
     return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=token_types, labels=labels,
@@ -179,7 +180,7 @@ def main() -> None:
         if True in precisions:  # the emulated bf16 GEMM alone takes minutes per round on an AVX2-only CPU
             steps_by_name["gemm", True] = gemm16
         medians = time_alternating(steps_by_name, args.rounds, 2 if SHAPES[name][1] >= 768 else 8)
-        n_masked = int((batch["labels"] != -100).sum())
+        n_masked = int((batch["labels"] != IGNORE_INDEX).sum())
         for bf16 in precisions:
             t_ours, t_theirs = medians[("ours", bf16)], medians[("hf", bf16)]
             peak = (flops16 if bf16 else flops32) / medians["gemm", bf16]

@@ -29,7 +29,6 @@ from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.data.format import open_prepared
 from bertrain.data.loader import build_train_loader
 from bertrain.model import build_model
-from bertrain.model.layout import batch_layout
 
 EPOCH_SAMPLE = 200  # micro-batches spread over the epoch for its padding share ("epoch pad")
 SHAPES = {  # name: (hidden, layers, heads, intermediate, {seq: micro-batch})
@@ -52,7 +51,7 @@ def prepared_pydoc(cache: Path) -> Path:
 def sample_batches(data: Path, seq: int, micro_batch: int, count: int) -> list[dict]:
     """`count` training micro-batches of the NSP plan at this length, spread over the epoch."""
     loader = build_train_loader(open_prepared(data), DataConfig(objective="nsp", max_seq_length=seq), seed=0,
-                                epoch=0, micro_batch_size=micro_batch, rank=0, world_size=1, layout=batch_layout)
+                                epoch=0, micro_batch_size=micro_batch, rank=0, world_size=1)
     stride = max(len(loader.dataset) // count, 1)
     return [loader.dataset[i * stride] for i in range(min(count, len(loader.dataset)))]
 

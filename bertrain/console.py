@@ -1,4 +1,5 @@
-"""Rich consoles for bertrain's output: wrapped for a person at a terminal, one line per message otherwise.
+"""Console output: rich consoles (wrapped for a person at a terminal, one line per message otherwise), sizes and
+durations in words, and warnings given once per process.
 
 Not on a terminal (a log file, SLURM output, a pipe) the output is grepped and its commands are copied
 into shells, so a message must stay on one line: rich would otherwise wrap everything at 80 columns.
@@ -14,6 +15,7 @@ from rich.console import Console
 
 # Width of tables and rules when the stream is not a terminal and COLUMNS is unset (rich assumes 80).
 WIDTH_WHEN_NOT_A_TERMINAL = 200
+_warned: set[str] = set()
 
 
 def is_terminal(stream: Any) -> bool:
@@ -34,3 +36,31 @@ def make_console(stderr: bool = False, **kwargs: Any) -> Console:
     if not os.environ.get("COLUMNS"):
         kwargs.setdefault("width", WIDTH_WHEN_NOT_A_TERMINAL)
     return Console(stderr=stderr, **kwargs)
+
+
+def first_time(key: str) -> bool:
+    """True the first time this process asks about `key`: how a warning is given only once."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    return True
+
+
+def human_bytes(n: float) -> str:
+    """1536 → '1.5 KB'."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024:
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def human_seconds(seconds: float) -> str:
+    """3725 → '1h02m', 65 → '1m05s', 200000 → '2.3 days', 1e8 → '3.2 years'."""
+    if seconds >= 365.25 * 86400:
+        return f"{seconds / (365.25 * 86400):,.1f} years"
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"

@@ -29,12 +29,14 @@ from bertrain import rundir
 from bertrain.config import load_config, micro_batch_size_for
 from bertrain.console import make_console
 from bertrain.data.format import open_prepared
+from bertrain.data.masking import IGNORE_INDEX
 from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.errors import EXIT_REQUEUE, BertrainError, Interrupted, UsageError
 from bertrain.model.fill_mask import fill_mask_words
-from bertrain.tokenizer_file import load_tokenizer
+from bertrain.special_tokens import MODEL_OF_KIND
+from bertrain.tokenizer_file import token_strings
 from bertrain.train.evaluate import validation_loader
-from bertrain.train.monitor import METRICS_FILE, read_metrics as read_run_metrics
+from bertrain.train.monitor import read_metrics as read_run_metrics
 
 MARKER = ".bertrain-demo"
 STATE = ".bertrain-demo.json"  # what the demo in OUT was asked for and how far it got: lets a rerun resume
@@ -52,11 +54,9 @@ PYTHON_WORDS = frozenset({
     "nonlocal", "type", "if", "elif", "else", "while", "for", "try", "except", "finally", "with", "match",
     "case", "def", "class", "async", "await", "lambda", "print", "exec", "future"})
 
-# Per model kind: the shipped config the demo trains and the tokenizer it prepares.
-MODELS = {
-    "albert": {"config": "demo_albert", "tokenizer": {"kind": "unigram", "vocab_size": 3000}},
-    "bert": {"config": "demo_bert", "tokenizer": {"kind": "wordpiece", "vocab_size": 3000}},
-}
+# The demo trains the shipped config demo_<model> on data with the tokenizer kind that model is shipped with.
+TOKENIZER_OF_MODEL = {model: kind for kind, model in MODEL_OF_KIND.items()}
+VOCAB_SIZE = 3000
 QUICK_STEPS = 60
 # Every paragraph of every topic (code too), in documents of ~3000 characters: topics range from 200
 # bytes to 62 KB, and similar-sized documents keep the hash-based validation split near its fraction.
@@ -83,7 +83,7 @@ def demo_recipe(corpus_dir: Path, model: str) -> dict[str, Any]:
     # validation_fraction: ~10% of ~250 documents, a validation set of ~10k tokens
     return {"prepare": {"sources": [{"path": str(corpus_dir), "format": "text", "text_layout": "paragraphs"}],
                         "validation_fraction": 0.1, "num_shards": 2, "workers": 2, "dedup": True},
-            "tokenizer": dict(MODELS[model]["tokenizer"], lowercase=True, seed=0)}
+            "tokenizer": {"kind": TOKENIZER_OF_MODEL[model], "vocab_size": VOCAB_SIZE, "lowercase": True, "seed": 0}}
 
 
 # --- Running the stages ---
@@ -103,9 +103,8 @@ def run_cli_stage(name: str, args: list[str], console: Console) -> None:
     console.file.flush()
     result = subprocess.run(command, env=_stage_env(), stdout=console.file if _is_real_file(console) else None)
     if result.returncode in (EXIT_REQUEUE, 130, 143, -2, -15):  # its own requeue code, or SIGINT/SIGTERM
-        stopped = Interrupted(f"The demo's {name} stage was stopped by a signal.")
-        stopped.exit_code = EXIT_REQUEUE if result.returncode == EXIT_REQUEUE else 130
-        raise stopped
+        raise Interrupted(f"The demo's {name} stage was stopped by a signal.",
+                          EXIT_REQUEUE if result.returncode == EXIT_REQUEUE else 130)
     if result.returncode != 0:
         raise BertrainError(f"The demo's {name} stage failed (exit code {result.returncode}); its error is shown "
                             f"above. Command: {' '.join(_quote(c) for c in command)}")
@@ -128,8 +127,8 @@ def _quote(text: str) -> str:
 
 def learning_figures(run_dir: Path) -> dict[str, Any]:
     """First/last logged training loss and the last evaluation's metrics, from RUN_DIR/metrics.jsonl."""
-    if not (run_dir / METRICS_FILE).is_file():  # the pretrain stage ran: its absence is an error here
-        raise BertrainError(f"{run_dir / METRICS_FILE} does not exist: the pretrain stage wrote no metrics.")
+    if not (run_dir / rundir.METRICS).is_file():  # the pretrain stage ran: its absence is an error here
+        raise BertrainError(f"{run_dir / rundir.METRICS} does not exist: the pretrain stage wrote no metrics.")
     records = read_run_metrics(run_dir)
     train = [r for r in records if r.get("kind", "train") == "train" and r.get("loss") is not None]
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -154,7 +153,7 @@ def most_frequent_baseline(data_dir: Path, run_dir: Path) -> dict[str, Any]:
     Uses the same validation batches (fixed masks) as the trainer's evaluation, so it is the exact
     score of the constant predictor that the model's validation MLM accuracy is compared with.
     """
-    config = load_config(run_dir / "config.yaml")
+    config = load_config(run_dir / rundir.CONFIG)
     prepared = open_prepared(data_dir)
     micro_batch_size = micro_batch_size_for(config, world_size=1)
     loader = validation_loader(prepared, config.data, seed=config.train.seed, micro_batch_size=micro_batch_size,
@@ -162,7 +161,7 @@ def most_frequent_baseline(data_dir: Path, run_dir: Path) -> dict[str, Any]:
     counts: Counter = Counter()
     for batch in loader:
         labels = batch["labels"]
-        counts.update(labels[labels != -100].tolist())
+        counts.update(labels[labels != IGNORE_INDEX].tolist())
     source = "validation masked positions"
     if not counts:  # no validation split: fall back to the training tokens' distribution
         special = set(prepared.special_tokens.values())
@@ -171,16 +170,9 @@ def most_frequent_baseline(data_dir: Path, run_dir: Path) -> dict[str, Any]:
             counts.update({int(i): int(f) for i, f in zip(ids, freq) if int(i) not in special})
         source = "training tokens"
     token_id, top = counts.most_common(1)[0]
-    token = _token_string(prepared.tokenizer_dir, token_id)
+    token = token_strings(prepared.tokenizer_dir, prepared.vocab_size)[token_id]
     return {"baseline_accuracy": top / sum(counts.values()), "baseline_token": token,
             "baseline_positions": sum(counts.values()), "baseline_source": source}
-
-
-def _token_string(tokenizer_dir: Path, token_id: int) -> str:
-    try:
-        return load_tokenizer(tokenizer_dir).id_to_token(token_id) or str(token_id)
-    except Exception:  # the figure matters, not the label
-        return str(token_id)
 
 
 # --- The demo ---
@@ -250,7 +242,7 @@ def run_demo(model: str = "albert", out: Path = Path("bertrain-demo"), steps: Op
     """Run every stage (resuming an interrupted demo in OUT) and return the figures; prints progress and a
     closing summary to `console`. When stopped, raises Interrupted saying whether running it again resumes."""
     console = console or make_console()
-    if model not in MODELS:
+    if model not in TOKENIZER_OF_MODEL:
         raise UsageError(f"--model must be 'albert' or 'bert', got '{model}'.")
     if quick and steps is None:
         steps = QUICK_STEPS
@@ -258,15 +250,13 @@ def run_demo(model: str = "albert", out: Path = Path("bertrain-demo"), steps: Op
     try:
         return _run_stages(model, out, steps, quick, console)
     except (KeyboardInterrupt, Interrupted) as stop:
-        stopped = Interrupted(stop_advice(out, model, steps, quick))
-        stopped.exit_code = getattr(stop, "exit_code", 130)
-        raise stopped from None
+        raise Interrupted(stop_advice(out, model, steps, quick), getattr(stop, "exit_code", 130)) from None
 
 
 def _run_stages(model: str, out: Path, steps: Optional[int], quick: bool, console: Console) -> DemoResult:
     resume_from = resumable_step(out, model, steps) if out.is_dir() and (out / MARKER).exists() else None
     prepare_out_dir(out, keep=("corpus", "data", "recipe.yaml", "run", STATE) if resume_from is not None else ())
-    config_name = MODELS[model]["config"]
+    config_name = f"demo_{model}"
     paths = {"corpus": out / "corpus", "recipe": out / "recipe.yaml", "data": out / "data", "run": out / "run",
              "model": out / "model", "summary": out / "summary.json"}
     result = DemoResult(model=model, out=str(out), quick=quick, paths={k: str(v) for k, v in paths.items()})
@@ -321,7 +311,7 @@ def _corpus_and_data(model: str, paths: dict[str, Path], result: DemoResult, sta
     console.print(f"{result.corpus['documents']} documents, {result.corpus['words']:,} words, "
                   f"{result.corpus['bytes'] / 1e3:.0f} KB → {paths['corpus']}", highlight=False)
 
-    stage(2, f"prepare: train a {MODELS[model]['tokenizer']['kind']} tokenizer, tokenize into shards")
+    stage(2, f"prepare: train a {TOKENIZER_OF_MODEL[model]} tokenizer, tokenize into shards")
     timed("prepare", run_cli_stage, "prepare",
           ["prepare", "--recipe", str(paths["recipe"]), "--out", str(paths["data"])], console)
 
@@ -378,11 +368,12 @@ def print_summary(result: DemoResult, console: Console) -> None:
     console.print(learning)
     predictions = _table("fill-mask: top 5 whole-word tokens", "sentence", "predictions")
     for item in result.fill_mask:
-        predictions.add_row(item["sentence"], ", ".join(f"{p['token']} ({p['score']:.2f})" for p in item["predictions"]))
+        predictions.add_row(item["sentence"],
+                            ", ".join(f"{p['token']} ({p['score']:.2f})" for p in item["predictions"]))
     console.print(predictions)
     where = _table("where everything was written", "what", "path")
     labels = {"corpus": "corpus (.txt)", "recipe": "data recipe", "data": "prepared data (DATA_DIR)",
-              "run": "run: checkpoints, metrics.jsonl (RUN_DIR)", "model": "Hugging Face model",
+              "run": "run: checkpoints, metrics.jsonl, report.html (RUN_DIR)", "model": "Hugging Face model",
               "summary": "these figures (JSON)"}
     for key, label in labels.items():
         where.add_row(label, result.paths[key])
@@ -394,5 +385,6 @@ def print_summary(result: DemoResult, console: Console) -> None:
         hint = ("--quick checks the pipeline, not the learning: run without it" if result.quick
                 else "train longer with --steps N")
         console.print(f"[yellow]Some evidence of learning is missing: {hint}.[/]")
-    console.print(f"\nNext: load it with transformers — AutoModelForMaskedLM.from_pretrained('{result.paths['model']}') "
-                  f"— or try `bertrain fill-mask {result.paths['model']} \"Your [MASK] sentence.\"`.", highlight=False)
+    model = result.paths["model"]
+    console.print(f"\nNext: load it with transformers — AutoModelForMaskedLM.from_pretrained('{model}') — or try "
+                  f"`bertrain fill-mask {model} \"Your [MASK] sentence.\"`.", highlight=False)

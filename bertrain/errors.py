@@ -29,6 +29,8 @@ class DataError(BertrainError):
 
 
 class Interrupted(BertrainError):
-    """Stopped by a signal after a checkpoint was written: exit 75 so a job script can requeue."""
+    """Stopped by a signal: by default after a checkpoint was written, exit 75 so a job script can requeue."""
 
-    exit_code = EXIT_REQUEUE
+    def __init__(self, message: str, exit_code: int = EXIT_REQUEUE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -3,7 +3,7 @@ turn every worker failure into exit 1, which hides the 2 (bad config) and 75 (ch
 job script acts on.
 
 A worker started by `bertrain launch` finds BERTRAIN_EXIT_STATUS_DIR in its environment and writes
-`rank-{RANK}.json` there on exit; the launch command combines the files into one exit code (`combine`).
+`rank-{RANK}.json` there on exit; the launch command combines the files into one exit code (`combine_exit_codes`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _ranks(exits: list[WorkerExit], code: int) -> str:
     return ",".join(str(worker.rank) for worker in exits if worker.code == code)
 
 
-def combine(exits: list[WorkerExit], launcher_code: int) -> tuple[int, str]:
+def combine_exit_codes(exits: list[WorkerExit], launcher_code: int) -> tuple[int, str]:
     """One exit code for the job and a sentence saying why.
 
     A bad config (2) on any rank wins, then an error (1); workers that all stopped with one code (75 after a

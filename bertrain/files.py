@@ -1,14 +1,15 @@
-"""Crash-safe file primitives shared by every layer: atomic replace, fsync, sha256, an exclusive lock.
-
-They sit below `data`, `model` and `train` so that each can write files a kill cannot tear.
-"""
+"""Crash-safe file primitives shared by every layer: atomic replace, fsync, sha256, an exclusive lock; free disk
+space, and what a failed write's errno means and what to do about it."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[Path], None], *, fsync: bool = False) -> None:
+def write_atomic(path: Path, write: Callable[[Path], object], *, fsync: bool = False) -> None:
     """Call `write(tmp)` on a sibling temporary file, then rename it to `path`: readers see the old file
     or the new one, never half of one. `fsync` also makes the new content survive a power loss."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -68,3 +69,35 @@ def exclusive_lock(path: Path, *, wait: bool) -> Iterator[None]:
         yield
     finally:
         handle.close()  # closing releases the flock
+
+
+def free_disk_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+WRITE_ADVICE = {
+    errno.ENOSPC: "Free space on that filesystem, or move the run to another --run-dir (copy RUN_DIR, or resume "
+                  "there with --resume PATH).",
+    errno.EDQUOT: "Your disk quota is used up: free some of it, or move the run to another --run-dir.",
+    errno.EROFS: "The filesystem is read-only: remount it writable, or move the run to another --run-dir.",
+    errno.EACCES: "Make RUN_DIR writable for this user, or choose another --run-dir.",
+    errno.EPERM: "Make RUN_DIR writable for this user, or choose another --run-dir.",
+}
+
+
+def describe_write_failure(error: Exception, doing: str, default_path: Path) -> str:
+    """'FILE: what the errno means while DOING. What to do.' for an OSError, or safetensors' error text
+    ("... No space left on device (os error 28) at path ..."), which carries the errno only in words."""
+    if isinstance(error, OSError):
+        code, file = error.errno, error.filename
+    else:
+        found_code, found_path = re.search(r"os error (\d+)", str(error)), re.search(r'at path "([^"]+)"', str(error))
+        code = int(found_code.group(1)) if found_code else None
+        file = found_path.group(1) if found_path else None
+    meaning = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
+    advice = WRITE_ADVICE.get(code, "Check that filesystem (space, permissions, mount), or choose another --run-dir.")
+    return f"{file or default_path}: {meaning} while {doing}. {advice}"

@@ -1,43 +1,63 @@
-"""The run directory: its checkpoints (atomic saves, verification, rotation) and its tokenizer.
+"""The run directory: the name of every file a run writes (here and nowhere else), and reading its checkpoints.
 
 RUN_DIR/
+  config.yaml  metrics.jsonl  wandb_id.txt  wandb/    the run's config, metrics and wandb run
+  .lock                  held by the run training into it (train/checkpoint.py)
   tokenizer/             the prepared data's tokenizer (copied by the trainer)
+  old-<time>/            what `--resume restart` moved aside, itself a RUN_DIR
   checkpoints/step-00001000/
-    model.safetensors, config.yaml, train_state.json, ...  the trainer's files: whatever it writes
+    model.safetensors  config.yaml  train_state.json  data.json
+    optimizer  scheduler  scaler  rng-rank00000     each NAME.json + NAME.safetensors (train/state_files.py)
     checksums.json         sha256 of every other file
     COMPLETE               written last: sha256 of checksums.json
+  checkpoints/.tmp-step-00001000/                     a save in progress (train/checkpoint.py)
 
-A save writes to a temporary directory, fsyncs, checksums, marks complete, then renames. A directory
-counts only when COMPLETE exists, every checksum matches and no file was added after the save, so a
-crash at any point of a save leaves the previous checkpoint as the newest valid one. A RUN_DIR whose
-checkpoints are all invalid is an error (`NoValidCheckpoint`), never a silent fresh start.
+A checkpoint counts only when COMPLETE exists, every checksum matches and no file was added after the
+save, so a crash at any point of a save leaves the previous checkpoint as the newest valid one. A RUN_DIR
+whose checkpoints are all invalid is an error (`NoValidCheckpoint`), never a silent fresh start.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Iterator
 
 from bertrain.errors import DataError, UsageError
-from bertrain.files import file_sha256, fsync_path, write_atomic
+from bertrain.files import file_sha256
 from bertrain.tokenizer_file import TOKENIZER_FILES
 
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+REPORT = "report.html"  # `bertrain report`'s page, rewritten after each evaluation
+EVALUATION = "results.md"  # a downstream evaluation's table, shown by the report when present
+WANDB_ID = "wandb_id.txt"
+LOCK = ".lock"
+TOKENIZER = "tokenizer"
+OLD_RUN_PREFIX = "old-"
 CHECKPOINTS = "checkpoints"
+# What `--resume restart` moves aside; a run has a history once it has checkpoints or metrics.
+RUN_HISTORY = (CHECKPOINTS, METRICS, WANDB_ID, CONFIG)
+# A checkpoint.
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-step-"
 MARKER = "COMPLETE"
 CHECKSUMS = "checksums.json"
 WEIGHTS = "model.safetensors"
-CONFIG = "config.yaml"
-TOKENIZER = "tokenizer"
+TRAIN_STATE = "train_state.json"
+DATA_INFO = "data.json"
+OPTIMIZER, SCHEDULER, SCALER = "optimizer", "scheduler", "scaler"  # states: NAME.json + NAME.safetensors
 # Files of the older checkpoint format that only pickle can read (optimizer.pt, rng-rank00000.pt, ...).
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle")
+LEGACY_STATE_SUFFIX = ".pt"  # that format's NAME.pt for a state
 DEFAULT_ADVICE = ("Nothing was loaded, changed or deleted. Restore a valid checkpoint (a backup or another copy of "
                   "the run) and pass its directory explicitly (--resume PATH when training), or start over in a new "
                   "run dir.")
+
+
+def rng_state_name(rank: int) -> str:
+    """The state name of a rank's RNG in a checkpoint: rng-rank00000(.json/.safetensors)."""
+    return f"rng-rank{rank:05d}"
 
 
 class NoValidCheckpoint(DataError):
@@ -45,14 +65,8 @@ class NoValidCheckpoint(DataError):
 
     def __init__(self, run_dir: str | Path, rejected: list[tuple[Path, str]], advice: str = DEFAULT_ADVICE):
         self.run_dir, self.rejected = Path(run_dir), list(rejected)
-        super().__init__(describe_rejected(run_dir, rejected, advice))
-
-
-def describe_rejected(run_dir: str | Path, rejected: list[tuple[Path, str]], advice: str = DEFAULT_ADVICE) -> str:
-    """The NoValidCheckpoint message: a header, one line per rejected checkpoint (path: why), the advice."""
-    lines = [f"RUN_DIR {run_dir} has {len(rejected)} checkpoint(s) but none is valid:"]
-    lines += [f"  {path}: {why}" for path, why in rejected]
-    return "\n".join(lines + [advice])
+        lines = [f"RUN_DIR {run_dir} has {len(rejected)} checkpoint(s) but none is valid:"]
+        super().__init__("\n".join(lines + [f"  {path}: {why}" for path, why in rejected] + [advice]))
 
 
 def checkpoint_name(step: int) -> str:
@@ -68,62 +82,14 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 def step_of(path: str | Path) -> int | None:
     """The step number of a `step-XXXXXXXX` directory, else None."""
     name = Path(path).name
-    if not name.startswith(PREFIX):
-        return None
     digits = name[len(PREFIX):]
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if name.startswith(PREFIX) and digits.isdigit() else None
 
 
-def write_text_file(path: Path, text: str) -> None:
-    """Write text atomically and fsync it."""
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), fsync=True)
-
-
-def begin_save(run_dir: str | Path, step: int) -> Path:
-    """Create an empty temporary directory for the checkpoint of `step` (rank 0 only)."""
-    checkpoints_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    for stale in incomplete_saves(run_dir):  # left by a crash during an earlier save
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = temporary_dir(run_dir, step)
-    tmp.mkdir()
-    return tmp
-
-
-def temporary_dir(run_dir: str | Path, step: int) -> Path:
-    """The temporary directory `begin_save` made (other ranks write their files into it)."""
-    return checkpoints_dir(run_dir) / f"{TMP_PREFIX}{step:08d}"
-
-
-def finish_save(tmp: Path, keep_last: int | None = None) -> Path:
-    """Checksum every file, write COMPLETE last, fsync, rename to step-XXXXXXXX, then rotate."""
-    files = _payload_files(tmp)
-    checksums = {name: file_sha256(tmp / name) for name in files}
-    for name in files:
-        fsync_path(tmp / name)
-    write_text_file(tmp / CHECKSUMS, json.dumps(checksums, indent=1, sort_keys=True))
-    write_text_file(tmp / MARKER, file_sha256(tmp / CHECKSUMS) + "\n")
-    fsync_path(tmp)
-    final = tmp.parent / tmp.name.replace(TMP_PREFIX, PREFIX, 1)
-    if final.exists():  # an older save of the same step (e.g. a run resumed before it): replace it
-        remove_checkpoint(final)
-    os.replace(tmp, final)
-    fsync_path(final.parent)
-    if keep_last:
-        rotate(final.parent.parent, keep_last)
-    return final
-
-
-def _payload_files(path: Path) -> list[str]:
+def payload_files(path: Path) -> list[str]:
     """Every file under a checkpoint dir but the marker and checksum list, as sorted relative names."""
     return sorted(p.relative_to(path).as_posix() for p in path.rglob("*")
                   if p.is_file() and p.name not in (MARKER, CHECKSUMS))
-
-
-def _added_after_save(path: Path, listed: dict) -> list[str]:
-    """Files present but not in checksums.json (a tokenizer handed on with the checkpoint excepted)."""
-    # A user may drop the run's tokenizer into a checkpoint dir to hand it on; nothing else may be added.
-    return [name for name in _payload_files(path) if name not in listed
-            and name not in TOKENIZER_FILES and not name.startswith(TOKENIZER + "/")]
 
 
 def verify_checkpoint(path: str | Path) -> str | None:
@@ -145,12 +111,13 @@ def verify_checkpoint(path: str | Path) -> str | None:
     if not isinstance(checksums, dict):
         return f"{CHECKSUMS} is not a mapping of file names to digests"
     for name, expected in checksums.items():
-        file = path / name
-        if not file.is_file():
+        if not (path / name).is_file():
             return f"{name} is missing"
-        if file_sha256(file) != expected:
+        if file_sha256(path / name) != expected:
             return f"{name} is damaged (checksum mismatch)"
-    added = _added_after_save(path, checksums)
+    # A user may drop the run's tokenizer into a checkpoint dir to hand it on; nothing else may be added.
+    added = [name for name in payload_files(path) if name not in checksums
+             and name not in TOKENIZER_FILES and not name.startswith(TOKENIZER + "/")]
     if added:
         return f"{added[0]} is not listed in {CHECKSUMS} (added after the save)"
     return None
@@ -159,8 +126,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
 def legacy_pickle_files(checkpoint: str | Path) -> list[Path]:
     """The pickle files of an older-format checkpoint (optimizer.pt, scheduler.pt, rng-rank00000.pt ...):
     loading them can run code, so the trainer refuses them unless the user opts in."""
-    path = Path(checkpoint)
-    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
+    return sorted(p for p in Path(checkpoint).rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
 
 
 def iter_checkpoints(run_dir: str | Path) -> Iterator[Path]:
@@ -198,21 +164,6 @@ def find_latest_checkpoint(run_dir: str | Path, skipped: list[tuple[Path, str]] 
     if found is None and require_valid and any(step_of(p) is not None for p, _ in rejected):
         raise NoValidCheckpoint(run_dir, rejected)
     return found
-
-
-def remove_checkpoint(path: Path) -> None:
-    """Remove the marker first so a half-deleted directory can never look valid."""
-    (path / MARKER).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def rotate(run_dir: str | Path, keep_last: int) -> list[Path]:
-    """Keep the newest `keep_last` complete checkpoints; remove older ones. Returns the removed."""
-    complete = [p for p in iter_checkpoints(run_dir) if (p / MARKER).is_file()]
-    removed = complete[keep_last:]
-    for path in removed:
-        remove_checkpoint(path)
-    return removed
 
 
 def resolve_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = None) -> Path:

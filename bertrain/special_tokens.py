@@ -1,4 +1,4 @@
-"""The special tokens and word markers of both tokenizer kinds: the one place that names them.
+"""The special tokens, word markers and shipped model of both tokenizer kinds: the one place that names them.
 
 Both kinds put the special tokens at the same ids, so data, model and export code agree on them
 without reading a tokenizer.
@@ -12,3 +12,6 @@ SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
 SPECIAL_TOKEN_NAMES = tuple(SPECIAL_IDS)
 # What marks a word boundary in each kind's pieces: WordPiece marks continuations, Unigram word starts.
 WORD_MARKERS = {"wordpiece": "##", "unigram": "▁"}
+# The model type each kind is shipped with: the shipped configs tiny_<model> and demo_<model> mask whole words or
+# n-grams by that kind's word marker.
+MODEL_OF_KIND = {"wordpiece": "bert", "unigram": "albert"}

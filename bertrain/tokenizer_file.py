@@ -30,3 +30,16 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises plain Exceptions for a malformed file
         raise DataError(f"'{file}' is not a valid tokenizers JSON file ({error}).") from None
+
+
+def token_strings(path: str | Path, vocab_size: int) -> list[str]:
+    """Each id's token string, `<id>` where the tokenizer cannot be read (for figures that stay useful without)."""
+    try:
+        vocab = load_tokenizer(path).get_vocab(with_added_tokens=True)
+    except DataError:
+        vocab = {}
+    tokens = [f"<{i}>" for i in range(vocab_size)]
+    for token, token_id in vocab.items():
+        if token_id < vocab_size:
+            tokens[token_id] = token
+    return tokens

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import make_prepared_dir
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cross_path: an in-process comparison of two different computations of one "
+                            "result; tests/test_resume.py runs these again under the portable kernels")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """The package layout of docs/architecture.md, enforced by reading the source with `ast` (nothing is imported).
 
 Rules: imports run down the layer order (model and data never import each other); no import cycle between
-bertrain modules; no function-level import of a bertrain module outside bertrain/cli/; no module over
-MAX_LINES lines. Each failure lists every offender as `file:line: what`, and
+bertrain modules (imports under `if TYPE_CHECKING:` count: they are module-level imports to a reader); no
+function-level import of a bertrain module outside bertrain/cli/; no module over MAX_LINES lines. Each failure lists every offender as `file:line: what`, and
 `python3 tests/test_architecture.py` prints all findings at once.
 """
 
@@ -26,7 +26,7 @@ LAYERS = {
     "bertrain.model": 2, "bertrain.data": 2,
     "bertrain.config": 1, "bertrain.rundir": 1, "bertrain.files": 1, "bertrain.special_tokens": 1,
     "bertrain.errors": 1, "bertrain.console": 1, "bertrain.exit_status": 1, "bertrain.tokenizer_file": 1,
-    "bertrain": 1,
+    "bertrain.batch_layout": 1, "bertrain": 1,
 }
 NEVER_IMPORT_EACH_OTHER = ("bertrain.model", "bertrain.data")
 LAZY_IMPORTS_ALLOWED_UNDER = "bertrain.cli"
@@ -41,7 +41,6 @@ class Import:
     path: Path
     line: int
     in_function: bool  # inside a def: runs when called, not when the module is imported
-    type_checking: bool  # under `if TYPE_CHECKING:`: never runs
 
     def where(self) -> str:
         return f"{self.path.relative_to(ROOT)}:{self.line}"
@@ -90,26 +89,14 @@ def _targets(source: str, path: Path, node: ast.AST) -> list[str]:
     return sorted({name for name in names if name == "bertrain" or name.startswith("bertrain.")})
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _walk(source: str, path: Path, node: ast.AST, in_function: bool, type_checking: bool) -> list[Import]:
+def _walk(source: str, path: Path, node: ast.AST, in_function: bool) -> list[Import]:
     found = []
     for child in ast.iter_child_nodes(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
-            found += [Import(source, target, path, child.lineno, in_function, type_checking)
-                      for target in _targets(source, path, child)]
-        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            found += _walk(source, path, child, True, type_checking)
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for statement in child.body:
-                found += _walk(source, path, ast.Module(body=[statement], type_ignores=[]), in_function, True)
-            for statement in child.orelse:
-                found += _walk(source, path, ast.Module(body=[statement], type_ignores=[]), in_function, type_checking)
+            found += [Import(source, target, path, child.lineno, in_function) for target in _targets(source, path, child)]
         else:
-            found += _walk(source, path, child, in_function, type_checking)
+            found += _walk(source, path, child,
+                           in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
     return found
 
 
@@ -119,7 +106,7 @@ def imports() -> tuple[Import, ...]:
     found: list[Import] = []
     for name, path in modules().items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        found += _walk(name, path, tree, in_function=False, type_checking=False)
+        found += _walk(name, path, tree, in_function=False)
     return tuple(found)
 
 
@@ -193,7 +180,7 @@ def import_cycles() -> list[str]:
     graph: dict[str, set[str]] = {name: set() for name in modules()}
     where: dict[tuple[str, str], str] = {}
     for imp in imports():
-        if imp.in_function or imp.type_checking or imp.target not in graph:
+        if imp.in_function or imp.target not in graph:
             continue
         graph[imp.source].add(imp.target)
         where.setdefault((imp.source, imp.target), imp.where())
@@ -296,7 +283,7 @@ def test_cycle_finder_finds_cycles_and_only_cycles():
 
 def test_layer_rule_flags_upward_and_model_data_imports():
     def imp(source: str, target: str) -> Import:
-        return Import(source, target, PACKAGE / "x.py", 1, in_function=False, type_checking=False)
+        return Import(source, target, PACKAGE / "x.py", 1, in_function=False)
 
     allowed = (imp("bertrain.train.loop", "bertrain.model"), imp("bertrain.cli.app", "bertrain.demo"),
                imp("bertrain.config.load", "bertrain.errors"), imp("bertrain.data.pairs", "bertrain.data.format"))
@@ -317,10 +304,8 @@ def test_walk_tells_module_level_from_function_level():
     tree = ast.parse("from bertrain.errors import ConfigError\n"
                      "if TYPE_CHECKING:\n    from bertrain.train import loop\n"
                      "def f():\n    import bertrain.data\n")
-    found = {(imp.target, imp.in_function, imp.type_checking)
-             for imp in _walk("bertrain.model.x", PACKAGE / "model" / "x.py", tree, False, False)}
-    assert found == {("bertrain.errors", False, False), ("bertrain.train.loop", False, True),
-                     ("bertrain.data", True, False)}
+    found = {(imp.target, imp.in_function) for imp in _walk("bertrain.model.x", PACKAGE / "model" / "x.py", tree, False)}
+    assert found == {("bertrain.errors", False), ("bertrain.train.loop", False), ("bertrain.data", True)}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from bertrain.config import (Config, ConfigWarning, ModelConfig, Recipe, check_p
                              config_reference_markdown, dump_yaml, load_config, load_recipe, micro_batch_size_for,
                              resolve_config_path, validate_model)
 from bertrain.errors import ConfigError
+from tests.helpers import config_help, squeezed
 
 
 def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
@@ -188,7 +189,7 @@ def test_cli_errors_are_one_paragraph_with_exit_codes(run_cli, tmp_path):
     code, out, err = run_cli("config", "show", "tiny_bert", "--set", "optim.lr=5e-4")
     assert code == 0 and "lr: 0.0005" in out
     code, out, err = run_cli("config", "show", "tiny_bert", "--explain")
-    assert code == 0 and "Peak learning rate" in out
+    assert code == 0 and squeezed(config_help("optim.lr")) in squeezed(out)
     code, out, err = run_cli("config", "shw")
     assert code == 2
 
@@ -201,7 +202,7 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     debug = subprocess.run([sys.executable, "-m", "bertrain", "--debug", "config", "show", str(bad)],
                            capture_output=True, text=True, env=env)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
-    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
 
 
 def test_yaml_no_and_off_mean_the_spelled_choices(tmp_path):
@@ -296,6 +297,5 @@ def test_mixed_precision_auto_is_the_default_and_tf32_is_on():
     with pytest.raises(ConfigError, match=r"'train\.mixed_precision': 'fp32' is not one of 'auto', 'no'"):
         load_config(None, ["train.mixed_precision=fp32"])
     reference = config_reference_markdown()
-    for words in ("`train.tf32`", "`auto` picks per device", "fp16 with a loss scaler on older GPUs",
-                  "AVX512-BF16 or AMX", "else fp32"):
-        assert words in reference
+    for key in ("train.mixed_precision", "train.tf32"):
+        assert f"`{key}`" in reference and config_help(key) in reference

@@ -36,7 +36,7 @@ def test_hadolint_does_flag_a_bad_dockerfile(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu:latest\nRUN pip install torch\nRUN cd /tmp && ls\n")
     result = run_hadolint(bad)
-    assert result.returncode != 0
+    assert result.returncode == 1  # hadolint: 1 when a rule fails
     assert "DL3007" in result.stdout  # `latest` tag
     assert "DL3013" in result.stdout  # unpinned pip package
 

@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from bertrain.train import dry_run
-from tests.helpers import ROOT, explain, pretrain_env, write_config
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import ROOT, explain, make_prepared_dir, pretrain_env, write_config
 
 # albert_base as shipped wants 4096 x 512 per micro-batch; 128 accumulation steps make it 32 x 512, the
 # size a small test corpus can fill (the dry run must still never run a step at that size on this CPU).

@@ -9,7 +9,7 @@ from bertrain.console import make_console
 from bertrain.data.format import open_prepared
 from bertrain.data.inspect_pairs import MIN_STATISTICS_TOKENS, show_pairs
 from bertrain.data.loader import epoch_plan
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import make_prepared_dir
 
 
 def test_statistics_cover_at_least_min_tokens_and_say_how_many(tmp_path):
@@ -48,3 +48,14 @@ def test_an_epoch_that_leaves_tokens_out_warns(tmp_path):
     assert stats["coverage"] >= 0.99 and stats["coverage_in_batches"] < 0.8
     warning = f"Warning: this epoch trains on only {stats['coverage_in_batches']:.1%} of the training tokens"
     assert warning in out.getvalue()
+
+
+def test_the_audit_runs_on_a_corpus_smaller_than_one_micro_batch(tmp_path, run_cli):
+    # 6 short documents give 17 training instances, fewer than tiny_bert's micro-batch of 32: the audit used to stop.
+    data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=6, validation_documents=0,
+                             max_paragraphs=18)
+    code, out, err = run_cli("inspect", str(data), "--pairs", "--audit", "--config", "tiny_bert",
+                             "--audit-instances", "100")
+    assert code == 0, err
+    assert "1 batch(es) of 17; the whole epoch" in " ".join(out.split())
+    assert "NSP shortcut audit" in out and "scored on" in out

@@ -13,6 +13,7 @@ from bertrain.model import build_model
 from bertrain.train import lamb_native
 from bertrain.train.lamb import Lamb
 from bertrain.train.optim import parameter_groups
+from tests.helpers import assert_rounding_close
 from tests.reference_lamb import ReferenceLamb
 
 
@@ -41,9 +42,11 @@ def run_steps(models_and_optimizers, steps: int, seed: int = 1, skip: str | None
             optimizer.step()
 
 
-def assert_same(model_a, model_b, optimizer_a, optimizer_b, tolerance=1e-6) -> None:
+def assert_same(model_a, model_b, optimizer_a, optimizer_b, steps: int) -> None:
+    """B's weights and moments are A's after `steps` steps computed another way: within float32 rounding, K being a
+    weight's norm (its elements) or, for the moments, 1 (element-wise). A trust ratio 0.1% off fails."""
     for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
-        assert torch.allclose(a, b, rtol=0, atol=tolerance), (name, float((a - b).abs().max()))
+        assert_rounding_close(b, a, a.numel(), steps, name=name)
     state_a, state_b = optimizer_a.state_dict(), optimizer_b.state_dict()
     assert state_a["param_groups"] == state_b["param_groups"]
     assert state_a["state"].keys() == state_b["state"].keys()
@@ -51,8 +54,11 @@ def assert_same(model_a, model_b, optimizer_a, optimizer_b, tolerance=1e-6) -> N
         assert entry.keys() == state_b["state"][index].keys() == {"step", "exp_avg", "exp_avg_sq"}
         for key, value in entry.items():
             other = state_b["state"][index][key]
-            assert value.dtype == other.dtype == torch.float32 and value.shape == other.shape
-            assert torch.allclose(value, other, rtol=1e-5, atol=1e-7), (index, key, float((value - other).abs().max()))
+            assert value.dtype == other.dtype == torch.float32
+            if key == "step":
+                assert torch.equal(other, value)
+            else:
+                assert_rounding_close(other, value, 1, steps, name=f"{key} of parameter {index}")
 
 
 @pytest.fixture(params=[True, False], ids=["native", "torch ops"])
@@ -63,6 +69,7 @@ def native(request):
     return request.param
 
 
+@pytest.mark.cross_path
 @pytest.mark.parametrize("kind", ["bert", "albert"])
 def test_lamb_equals_per_parameter_lamb(kind, native):
     reference_model = tiny_model(kind)
@@ -70,11 +77,13 @@ def test_lamb_equals_per_parameter_lamb(kind, native):
     reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
     optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6, native=native)
     run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
-    moved = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
+    moved = max(float((a - b).abs().max())
+                for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
     assert moved > 1e-3  # the steps did change the weights
-    assert_same(reference_model, model, reference, optimizer)
+    assert_same(reference_model, model, reference, optimizer, steps=5)
 
 
+@pytest.mark.cross_path
 def test_lamb_without_fused_kernel_uses_foreach_ops_with_same_result(monkeypatch):
     def unavailable(*args, **kwargs):
         raise NotImplementedError("no fused adam here")
@@ -82,12 +91,17 @@ def test_lamb_without_fused_kernel_uses_foreach_ops_with_same_result(monkeypatch
     monkeypatch.setattr(torch, "_fused_adam_", unavailable)
     reference_model = tiny_model("bert")
     model = copy.deepcopy(reference_model)
-    reference = ReferenceLamb(groups_of(reference_model), lr=1e-2)
-    optimizer = Lamb(groups_of(model), lr=1e-2, native=False)
+    # The foreach ops compute 1 - beta2^t in float32 (the fused kernel in float64), a cancellation that multiplies
+    # its rounding by beta2 / (1 - beta2^t): with beta2 = 0.999, 3e-5 of the update. Float32 holds the powers of
+    # 0.875 = 1 - 2^-3 exactly, which leaves only the rounding that assert_same allows.
+    betas = (0.9, 0.875)
+    reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=betas)
+    optimizer = Lamb(groups_of(model), lr=1e-2, betas=betas, native=False)
     run_steps([(reference_model, reference), (model, optimizer)], steps=4)
-    assert_same(reference_model, model, reference, optimizer)
+    assert_same(reference_model, model, reference, optimizer, steps=4)
 
 
+@pytest.mark.cross_path
 def test_native_kernel_splits_the_work_between_threads_with_the_same_result(monkeypatch):
     monkeypatch.setattr(lamb_native, "MIN_ELEMENTS_PER_THREAD", 1)  # the tiny model on 3 threads
     if lamb_native.library() is None:
@@ -101,7 +115,7 @@ def test_native_kernel_splits_the_work_between_threads_with_the_same_result(monk
         run_steps([(reference_model, reference), (model, optimizer)], steps=4)
     finally:
         torch.set_num_threads(threads)
-    assert_same(reference_model, model, reference, optimizer)
+    assert_same(reference_model, model, reference, optimizer, steps=4)
 
 
 def test_cpu_float32_lamb_runs_the_native_kernel(monkeypatch):
@@ -128,6 +142,7 @@ def test_split_evenly_covers_each_element_once_in_equal_shares(sizes, parts):
     assert covered == [(t, i) for t, size in enumerate(sizes) for i in range(size)]
 
 
+@pytest.mark.cross_path
 def test_without_a_compiler_lamb_warns_once_and_uses_torch_ops(monkeypatch):
     monkeypatch.setattr(lamb_native, "_tried", False)
     monkeypatch.setattr(lamb_native, "_library", None)
@@ -138,7 +153,7 @@ def test_without_a_compiler_lamb_warns_once_and_uses_torch_ops(monkeypatch):
     with pytest.warns(RuntimeWarning, match="no C compiler") as warned:
         run_steps([(reference_model, reference), (model, optimizer)], steps=2)
     assert len(warned) == 1 and lamb_native.library() is None
-    assert_same(reference_model, model, reference, optimizer)
+    assert_same(reference_model, model, reference, optimizer, steps=2)
 
 
 def test_native_kernel_is_built_into_the_cache_once(monkeypatch, tmp_path):
@@ -155,6 +170,7 @@ def test_native_kernel_is_built_into_the_cache_once(monkeypatch, tmp_path):
     assert lamb_native.library() is not None
 
 
+@pytest.mark.cross_path
 def test_lamb_resumes_from_a_per_parameter_lamb_checkpoint(native):
     reference_model = tiny_model("albert")
     reference = ReferenceLamb(groups_of(reference_model), lr=1e-2)
@@ -163,7 +179,7 @@ def test_lamb_resumes_from_a_per_parameter_lamb_checkpoint(native):
     optimizer = Lamb(groups_of(model), lr=1e-2, native=native)
     optimizer.load_state_dict(copy.deepcopy(reference.state_dict()))
     run_steps([(reference_model, reference), (model, optimizer)], steps=3, seed=2)
-    assert_same(reference_model, model, reference, optimizer)
+    assert_same(reference_model, model, reference, optimizer, steps=3)
 
 
 def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):

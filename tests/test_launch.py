@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bertrain.exit_status import STATUS_DIR_ENV, WorkerExit, combine, read_exits, record_exit
+from bertrain.exit_status import STATUS_DIR_ENV, WorkerExit, combine_exit_codes, read_exits, record_exit
 from bertrain.train.parent_watch import watch_parent
 from tests.helpers import ROOT, explain, pretrain_env, write_config
 
@@ -66,15 +66,15 @@ def workers(*codes: int, local_world_size: int | None = None) -> list[WorkerExit
     ((), 7, 7),             # nobody wrote: the launcher's code
 ])
 def test_worker_codes_combine_into_the_job_code(codes, launcher, expected):
-    code, reason = combine(workers(*codes), launcher)
+    code, reason = combine_exit_codes(workers(*codes), launcher)
     assert code == expected, reason
     assert reason
 
 
 def test_a_silent_worker_turns_success_into_an_error_but_keeps_a_requeue():
-    code, reason = combine(workers(0, local_world_size=2), launcher_code=1)
+    code, reason = combine_exit_codes(workers(0, local_world_size=2), launcher_code=1)
     assert code == 1 and "1 of 2 worker(s) ended without a status" in reason
-    code, reason = combine(workers(75, local_world_size=2), launcher_code=1)
+    code, reason = combine_exit_codes(workers(75, local_world_size=2), launcher_code=1)
     assert code == 75 and "requeue" in reason
 
 

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from bertrain.batch_layout import IGNORE_INDEX, map_tensors
 from bertrain.config import DataConfig, load_config
 from bertrain.data import loader as loader_module
 from bertrain.data.format import open_prepared
 from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches, worker_count
 from bertrain.errors import UsageError
 from bertrain.train.stream import TrainStream
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import make_prepared_dir
 
 FIELDS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
@@ -36,12 +37,19 @@ def train_batches(prepared, data_config, *, micro_batch_size=8, rank=0, world_si
                                    rank=rank, world_size=world_size, start_micro_batch=start))
 
 
+def tensors(value) -> list:
+    """The tensors in a batch value, its BatchLayout's included, in order."""
+    found = []
+    map_tensors(value, found.append)
+    return found
+
+
 def assert_same_batches(left, right):
     assert len(left) == len(right)
     for a, b in zip(left, right):
         assert a.keys() == b.keys()
         for key in a:
-            assert torch.equal(a[key], b[key]), key
+            assert all(torch.equal(x, y) for x, y in zip(tensors(a[key]), tensors(b[key]), strict=True)), key
 
 
 def rows(batch) -> list[tuple]:
@@ -56,12 +64,12 @@ def rows(batch) -> list[tuple]:
 
 def test_batch_fields_types_and_padding(prepared):
     batch = train_batches(prepared, config(), micro_batch_size=8)[0]
-    assert set(batch) == {*FIELDS, "sentence_label"}
-    assert all(t.dtype == torch.int64 for t in batch.values())
+    assert set(batch) == {*FIELDS, "sentence_label", "layout"}
+    assert all(batch[key].dtype == torch.int64 for key in (*FIELDS, "sentence_label"))
     width = batch["input_ids"].shape[1]
     assert width % 8 == 0 and width <= 64
     assert width - 8 < int(batch["attention_mask"].sum(1).max()) <= width
-    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+    assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE_INDEX).all()
     none = train_batches(prepared, config(objective="none"), micro_batch_size=8)[0]
     assert "sentence_label" not in none and (none["token_type_ids"] == 0).all()
 

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from bertrain.batch_layout import IGNORE_INDEX
 from bertrain.config import DataConfig
 from bertrain.data.format import open_prepared, write_manifest
 from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings
 from bertrain.data.masking import Collator, mask_tokens
 from bertrain.errors import DataError
-from tests.helpers_data import make_prepared_dir
+from bertrain.tokenizer_file import load_tokenizer
+from tests.helpers import make_prepared_dir
 
 MASK, FIRST_REGULAR = 4, 5
 
@@ -51,7 +53,7 @@ def test_mask_tokens_statistics_and_invariants():
     special[:, 110:] = False
     eligible = ~special & (input_ids != 0)
     masked, labels = mask_tokens(input_ids, special, vocab, MASK, generator)
-    chosen = labels != -100
+    chosen = labels != IGNORE_INDEX
     n = int(eligible.sum())
     assert n >= 100_000
     assert not (chosen & ~eligible).any()                      # special tokens and padding never chosen
@@ -85,15 +87,13 @@ def collect(data_dir, config: DataConfig, batches: int, batch_size: int = 128, e
         width = config.max_seq_length
         pad = lambda x, v: np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=v)  # noqa: E731
         rows.append((pad(assembled.input_ids, 0), pad(assembled.special, True),
-                     pad(out["input_ids"].numpy(), 0), pad(out["labels"].numpy(), -100)))
+                     pad(out["input_ids"].numpy(), 0), pad(out["labels"].numpy(), IGNORE_INDEX)))
     return [np.concatenate(parts) for parts in zip(*rows)]
 
 
 def words_of(ids: np.ndarray, special: np.ndarray, kind: str, data_dir) -> np.ndarray:
     """[B, T] word index per token, found independently from the token strings of DATA_DIR's tokenizer."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(data_dir / "tokenizer" / "tokenizer.json"))
+    tokenizer = load_tokenizer(data_dir / "tokenizer")
     strings = {i: tokenizer.id_to_token(i) for i in np.unique(ids).tolist()}
     if kind == "wordpiece":
         starts_word = np.vectorize(lambda t: not strings[t].startswith("##"))(ids)
@@ -109,7 +109,7 @@ def test_token_masking_in_the_collator(data_dirs):
     config = DataConfig(objective="nsp", max_seq_length=128, masking="token")
     ids, special, masked, labels = collect(data_dirs["wordpiece"], config, batches=12)
     vocab = open_prepared(data_dirs["wordpiece"]).vocab_size
-    chosen = labels != -100
+    chosen = labels != IGNORE_INDEX
     n = int((~special).sum())
     assert n >= 100_000
     assert not (chosen & special).any()
@@ -125,7 +125,7 @@ def test_token_masking_in_the_collator(data_dirs):
 def test_word_masking_never_splits_a_word(data_dirs, kind, mode):
     config = DataConfig(objective="sop", max_seq_length=128, masking=mode)
     ids, special, masked, labels = collect(data_dirs[kind], config, batches=8)
-    chosen = labels != -100
+    chosen = labels != IGNORE_INDEX
     assert not (chosen & special).any()
     assert np.array_equal(labels[chosen], ids[chosen])
     words = words_of(ids, special, kind, data_dirs[kind])
@@ -162,7 +162,7 @@ def test_word_masking_never_splits_a_word(data_dirs, kind, mode):
 def test_max_predictions_per_seq_caps_whole_words(data_dirs):
     config = DataConfig(objective="sop", max_seq_length=128, masking="whole_word", max_predictions_per_seq=6)
     ids, special, masked, labels = collect(data_dirs["wordpiece"], config, batches=2)
-    chosen = labels != -100
+    chosen = labels != IGNORE_INDEX
     assert chosen.sum(axis=1).max() <= 6
     assert (chosen.sum(axis=1) >= 3).mean() > 0.9                   # capped, not emptied
     words = words_of(ids, special, "wordpiece", data_dirs["wordpiece"])

@@ -7,13 +7,12 @@ import io
 import json
 
 import pytest
+from bertrain import console, rundir
 from bertrain.config import load_config
 from bertrain.console import make_console
 from bertrain.errors import DataError
-from bertrain.train import monitor as monitor_module
-from bertrain.train.monitor import METRICS_FILE, Monitor, read_metrics, truncate_metrics
-from tests.helpers import TINY, explain, run_pretrain, train_losses, write_config
-from tests.helpers_data import make_prepared_dir
+from bertrain.train.monitor import Monitor, read_metrics, truncate_metrics
+from tests.helpers import TINY, explain, make_prepared_dir, run_pretrain, train_losses, write_config
 
 RECORDS = [{"kind": "train", "step": 1, "loss": 9.0}, {"kind": "eval", "step": 2, "mlm_loss": 8.0},
            {"kind": "train", "step": 2, "loss": 8.5}]
@@ -22,8 +21,8 @@ TORN = '{"kind": "train", "step": 3, "lo'  # an append cut short by a full disk 
 
 def _write(run_dir, text):
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / METRICS_FILE).write_text(text)
-    monitor_module._warned.clear()
+    (run_dir / rundir.METRICS).write_text(text)
+    console._warned.clear()
 
 
 def test_a_torn_last_line_is_skipped_with_one_warning(tmp_path, capsys):
@@ -31,17 +30,17 @@ def test_a_torn_last_line_is_skipped_with_one_warning(tmp_path, capsys):
     assert read_metrics(tmp_path) == RECORDS
     assert read_metrics(tmp_path) == RECORDS
     err = " ".join(capsys.readouterr().err.split())
-    assert err.count("ends in a torn line") == 1 and str(tmp_path / METRICS_FILE) in err
+    assert err.count("ends in a torn line") == 1 and str(tmp_path / rundir.METRICS) in err
 
 
 def test_truncate_repairs_a_torn_last_line(tmp_path):
     _write(tmp_path, "".join(json.dumps(r) + "\n" for r in RECORDS) + TORN)
     assert truncate_metrics(tmp_path, last_step=1) == 2  # step 2's records; the fragment is not a record
-    text = (tmp_path / METRICS_FILE).read_text()
+    text = (tmp_path / rundir.METRICS).read_text()
     assert text.endswith("\n") and [json.loads(line) for line in text.splitlines()] == RECORDS[:1]
     _write(tmp_path, json.dumps(RECORDS[0]))  # complete, but no final newline: the next append would join it
     assert truncate_metrics(tmp_path, last_step=5) == 0
-    assert (tmp_path / METRICS_FILE).read_text() == json.dumps(RECORDS[0]) + "\n"
+    assert (tmp_path / rundir.METRICS).read_text() == json.dumps(RECORDS[0]) + "\n"
 
 
 def test_a_bad_line_before_the_last_names_the_file_and_line(tmp_path):
@@ -54,7 +53,7 @@ def test_a_run_resumes_after_a_torn_metrics_line(tmp_path, tiny_data):
     config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 4, "save_every": 2, "eval_every": 0})
     run_dir = tmp_path / "run"
     assert run_pretrain(config, tiny_data, run_dir).returncode == 0
-    with open(run_dir / METRICS_FILE, "a") as handle:
+    with open(run_dir / rundir.METRICS, "a") as handle:
         handle.write(TORN)
     config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 6, "save_every": 2, "eval_every": 0})
     second = run_pretrain(config, tiny_data, run_dir)

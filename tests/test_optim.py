@@ -12,6 +12,7 @@ from bertrain.errors import ConfigError
 from bertrain.model import build_model
 from bertrain.train.optim import (Lamb, LRSchedule, apply_settings, build_optimizer, build_scheduler, parameter_groups,
                                   warmup_steps_for)
+from tests.helpers import assert_rounding_close
 
 
 def tiny_model(kind: str):
@@ -26,8 +27,6 @@ def tiny_model(kind: str):
 def test_parameter_groups_split_every_parameter_once(kind):
     model = tiny_model(kind)
     decay, no_decay = parameter_groups(model, weight_decay=0.01)
-    print(f"{kind} decay:", decay["names"])
-    print(f"{kind} no decay:", no_decay["names"])
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     # Each unique parameter (tied decoder = word embeddings, shared ALBERT layers) in exactly one group.
     grouped = [id(p) for p in decay["params"] + no_decay["params"]]
@@ -48,6 +47,7 @@ def test_parameter_groups_split_every_parameter_once(kind):
         assert "encoder.embedding_to_hidden.weight" in decay["names"]
 
 
+@pytest.mark.cross_path
 def test_adamw_is_fused_on_cpu_and_matches_reference_adamw():
     torch.manual_seed(0)
     model = tiny_model("bert")
@@ -66,8 +66,9 @@ def test_adamw_is_fused_on_cpu_and_matches_reference_adamw():
             out.mlm_logits.float().pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
+    # 3 steps, each summing over the vocabulary or the batch's tokens (fused: the same maths, other rounding).
     for (name, a), (_, b) in zip(model.named_parameters(), reference_model.named_parameters()):
-        assert (a - b).abs().max() < 1e-5, (name, (a - b).abs().max())
+        assert_rounding_close(a, b, max(120, ids.numel()), steps=3, name=name)
     # Decay applies to matrices only: with zero gradients (and fresh moments) only they shrink.
     optimizer = build_optimizer(model, config)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -75,11 +76,14 @@ def test_adamw_is_fused_on_cpu_and_matches_reference_adamw():
         p.grad = torch.zeros_like(p)
     optimizer.step()
     for name, p in model.named_parameters():
-        shrunk = torch.allclose(p.detach(), before[name] * (1 - 1e-2 * 0.1), rtol=1e-6, atol=1e-8)
-        unchanged = torch.equal(p.detach(), before[name])
-        assert (shrunk and not unchanged) if p.ndim == 2 else unchanged, name
+        if p.ndim == 2:  # w·(1 - lr·wd): one product (K = 1)
+            assert not torch.equal(p.detach(), before[name]), name
+            assert_rounding_close(p.detach(), before[name] * (1 - 1e-2 * 0.1), 1, name=name)
+        else:
+            assert torch.equal(p.detach(), before[name]), name
 
 
+@pytest.mark.cross_path
 def test_lamb_step_matches_hand_computed_formula():
     torch.manual_seed(1)
     weight = torch.randn(5, 3)
@@ -91,15 +95,17 @@ def test_lamb_step_matches_hand_computed_formula():
     # Step 1 by hand: m̂ = g, v̂ = g², update = g / (|g| + eps) + wd * w, ratio = ||w|| / ||update||.
     update = grad / (grad.abs() + 1e-6) + 0.01 * weight
     ratio = weight.norm() / update.norm()
-    torch.testing.assert_close(param.detach(), weight - 0.1 * ratio * update, rtol=1e-6, atol=1e-7)
+    assert_rounding_close(param.detach(), weight - 0.1 * ratio * update, weight.numel())  # K: the norms' sums
 
 
+@pytest.mark.cross_path
 def test_lamb_trust_ratio_is_one_for_zero_weights_and_it_minimizes():
     param = torch.nn.Parameter(torch.zeros(4))
-    optimizer = Lamb([param], lr=0.5)
-    param.grad = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    optimizer = Lamb([param], lr=0.5, eps=1e-6)
+    grad = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    param.grad = grad.clone()
     optimizer.step()
-    torch.testing.assert_close(param.detach(), torch.tensor([-0.5, 0.5, -0.5, 0.5]), rtol=1e-5, atol=1e-5)
+    assert_rounding_close(param.detach(), -0.5 * grad / (grad.abs() + 1e-6), 1)  # element-wise: K = 1
 
     target = torch.tensor([3.0, -2.0, 0.5])
     x = torch.nn.Parameter(torch.ones(3))

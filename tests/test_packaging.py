@@ -1,4 +1,4 @@
-"""A non-editable install must carry the shipped configs and recipes (found by bare name)."""
+"""A non-editable install must carry the shipped configs and recipes (found by bare name) and the report's page."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def test_wheel_ships_configs_and_recipes(tmp_path):
     shipped = {f"bertrain/configs/{p.name}" for p in (ROOT / "bertrain" / "configs").glob("*.yaml")}
     shipped |= {f"bertrain/data_recipes/{p.name}" for p in (ROOT / "bertrain" / "data_recipes").glob("*.yaml")}
     assert "bertrain/configs/albert_base.yaml" in shipped
+    shipped |= {f"bertrain/train/report_assets/{p.name}" for p in (ROOT / "bertrain/train/report_assets").iterdir()}
     assert shipped <= names, f"missing from the wheel: {sorted(shipped - names)}"
     # Every module too: a new sub-package without __init__.py would be left out by packages.find.
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bertrain").rglob("*.py") if "__pycache__" not in p.parts}

@@ -14,7 +14,7 @@ from bertrain.data.format import open_prepared, write_manifest, write_shard
 from bertrain.data.inspect_pairs import print_audit
 from bertrain.data.pair_audit import (PROBES, WARNING_MARGIN, ProbeResult, audit_pairs, fit_documents, run_probes,
                                       surface_features)
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import make_prepared_dir
 
 # 20,000 instances, 10,000 of them held out: an accuracy near 50% has a standard error of 0.5 points,
 # so the 2-point margin is 4 standard errors (one-sided chance of a false alarm per probe: 3e-5).

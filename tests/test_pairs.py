@@ -12,7 +12,7 @@ from bertrain.data.format import open_prepared
 from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings, split_index
 from bertrain.data.pairs import build_plan
 from bertrain.errors import DataError
-from tests.helpers_data import make_prepared_dir
+from tests.helpers import make_prepared_dir
 
 
 @pytest.fixture(scope="module")

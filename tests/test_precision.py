@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+from bertrain import console
 from bertrain.train import precision
 
 X86_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
@@ -17,7 +18,7 @@ ARM_NEOVERSE_V1 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 @pytest.fixture
 def cpu(monkeypatch, tmp_path):
     """Set the CPU the module sees: `cpu(cpuinfo_text, torch_capability)`; also forgets earlier warnings."""
-    monkeypatch.setattr(precision, "_warned", set())
+    monkeypatch.setattr(console, "_warned", set())
     read_flags = precision.cpu_flags
 
     def set_cpu(cpuinfo: str, capability: str = "AVX2") -> None:

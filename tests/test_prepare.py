@@ -15,7 +15,7 @@ from bertrain.data.prepare import shards as shards_module
 from bertrain.data.sources.normalize import normalize_document
 from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.tokenizer_file import load_tokenizer
-from tests.helpers_prepare import check_identity, stored_documents
+from tests.helpers import check_identity, stored_documents
 
 SPL = [["The cat sat on the mat.", "It was happy."], ["Dogs bark loudly.", "Birds sing songs."],
        ["Rain falls in spring.", "Flowers grow fast."]]
@@ -47,10 +47,11 @@ def make_mixed_dir(root, pydoc_text):
     return texts  # the 11 distinct documents, as sentences
 
 
-def recipe(*paths, kind="wordpiece", vocab=300, shards=2, validation=0.0, **prepare_keys):
+def recipe(*paths, kind="wordpiece", vocab=300, shards=2, validation=0.0, tokenizer_path=None, **prepare_keys):
+    prepare_keys.setdefault("workers", 1)
     return Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(p)) for p in paths], num_shards=shards,
-                                        validation_fraction=validation, workers=1, **prepare_keys),
-                  tokenizer=TokenizerConfig(kind=kind, vocab_size=vocab))
+                                        validation_fraction=validation, **prepare_keys),
+                  tokenizer=TokenizerConfig(kind=kind, vocab_size=vocab, path=tokenizer_path))
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
@@ -130,11 +131,11 @@ def test_resume_after_interruption_keeps_finished_shards(tmp_path, pydoc_text, m
 def test_job_array_matches_a_single_parallel_run(tmp_path, pydoc_text):
     corpus_dir = tmp_path / "pydoc"
     write_pydoc_corpus(corpus_dir)
-    results = [prepare_corpus(recipe(corpus_dir, validation=0.1), tmp_path / "array", shard_index=i, num_shards=3)
+    results = [prepare_corpus(recipe(corpus_dir, shards=3, validation=0.1), tmp_path / "array", shard_index=i)
                for i in range(3)]
     assert results[0] == {"complete": False, "pending_shards": ["train/shard-00001", "train/shard-00002"]}
     assert results[1]["complete"] is False and "fingerprint" in results[2]
-    single = prepare_corpus(recipe(corpus_dir, validation=0.1), tmp_path / "single", num_shards=3, workers=2)
+    single = prepare_corpus(recipe(corpus_dir, shards=3, validation=0.1, workers=2), tmp_path / "single")
     assert single["fingerprint"] == results[2]["fingerprint"]
     assert open_prepared(tmp_path / "array").split("train").num_tokens == single["splits"]["train"]["tokens"]
 
@@ -159,8 +160,8 @@ def test_pydoc_corpus_few_mb_balanced_and_split_by_hash(tmp_path):
     subset = records[::-3]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in subset))
-    other = prepare_corpus(recipe(tmp_path / "other", kind="unigram", vocab=500, shards=2, validation=0.05),
-                           tmp_path / "other_data", tokenizer_path=str(tmp_path / "data" / "tokenizer"))
+    other = prepare_corpus(recipe(tmp_path / "other", kind="unigram", vocab=500, shards=2, validation=0.05,
+                                  tokenizer_path=str(tmp_path / "data" / "tokenizer")), tmp_path / "other_data")
     assert other["tokenizer"]["sha256"] == manifest["tokenizer"]["sha256"]
 
     def validation_docs(data_dir):

@@ -18,7 +18,7 @@ from bertrain.data.sources.normalize import normalize_document
 from bertrain.data.sources.pydoc import pydoc_documents, write_pydoc_corpus
 from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import ConfigError
-from tests.helpers_prepare import check_identity, stored_documents
+from tests.helpers import check_identity, stored_documents
 
 BOOKS = ("Genesis", "Exodus")
 

@@ -22,6 +22,8 @@ import torch
 from bertrain import rundir
 from bertrain.config import Config, to_dict
 from bertrain.files import exclusive_lock
+from bertrain.train import checkpoint as checkpoint_module
+from bertrain.train.checkpoint import begin_save, finish_save
 from bertrain.train.state_files import load_state
 from tests.helpers import (ROOT, TINY, assert_same_weights, explain, final_weights, pretrain_env, run_pretrain,
                            train_losses, write_config)
@@ -41,7 +43,7 @@ def _reseal(checkpoint: Path) -> Path:
     (checkpoint / rundir.CHECKSUMS).unlink()
     tmp = checkpoint.with_name(checkpoint.name.replace(rundir.PREFIX, rundir.TMP_PREFIX, 1))
     checkpoint.rename(tmp)
-    final = rundir.finish_save(tmp)
+    final = finish_save(tmp)
     assert rundir.verify_checkpoint(final) is None
     return final
 
@@ -141,7 +143,7 @@ def test_all_checkpoints_invalid_stops_and_restart_moves_them_aside(run_cli, tmp
     assert code == 0, text
     tampered = run_dir / "checkpoints" / "step-00000003"
     (tampered / "COMPLETE").write_text("0" * 64 + "\n")
-    interrupted = rundir.begin_save(run_dir, 4)
+    interrupted = begin_save(run_dir, 4)
     metrics = (run_dir / "metrics.jsonl").read_text()
 
     code, out, err = run_cli("pretrain", "--config", str(short_config), "--data", str(tiny_data), "--run-dir",
@@ -219,16 +221,14 @@ def test_a_second_run_is_refused_and_kill_9_leaves_no_stale_lock(tmp_path, tiny_
 
 def test_disk_full_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(
         run_cli, tmp_path, tiny_data, short_config, fresh_accelerate, monkeypatch):
-    import bertrain.train.state as state
-
-    real_save_state = state.save_state
+    real_save_state = checkpoint_module.save_state
 
     def full_disk(directory, name, obj):
         if name == "optimizer" and "00000006" in str(directory):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(directory) / "optimizer.safetensors"))
         return real_save_state(directory, name, obj)
 
-    monkeypatch.setattr(state, "save_state", full_disk)
+    monkeypatch.setattr(checkpoint_module, "save_state", full_disk)
     run_dir = tmp_path / "run"
     code, text = _pretrain(run_cli, short_config, tiny_data, run_dir)
     assert code == 1, text
@@ -263,7 +263,8 @@ def test_read_only_metrics_names_the_file(run_cli, tmp_path, tiny_data, short_co
 
 
 def test_every_config_key_has_a_resume_rule():
-    from bertrain.train.resume_rules import BUDGET_KEYS, FORCE_KEYS, NEVER_KEYS, is_free
+    from bertrain.config.resume_keys import BUDGET_KEYS, FORCE_KEYS, NEVER_KEYS
+    from bertrain.train.resume_rules import is_free
 
     def flat(tree, prefix=""):
         for key, value in tree.items():

@@ -13,8 +13,8 @@ from bertrain.config import (Config, config_reference_markdown, describe_yaml, l
                              read_yaml, set_dotted, shipped_dir)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted(shipped_dir("configs")[0].glob("*.yaml"))
-RECIPES = sorted(shipped_dir("data_recipes")[0].glob("*.yaml"))
+CONFIGS = sorted(shipped_dir("configs").glob("*.yaml"))
+RECIPES = sorted(shipped_dir("data_recipes").glob("*.yaml"))
 
 # Parameter counts of the pretraining models as published (BERT paper; ALBERT paper, Table 1),
 # with the papers' vocabularies: 30522 WordPieces for BERT, 30000 SentencePieces for ALBERT.

@@ -15,9 +15,8 @@ import time
 
 import pytest
 
-from tests.helpers_data import make_prepared_dir
-from tests.helpers import (ROOT, assert_same_weights, explain, final_weights, pretrain_env, run_pretrain,
-                           train_losses, write_config)
+from tests.helpers import (ROOT, assert_same_weights, explain, final_weights, make_prepared_dir, pretrain_env,
+                           run_pretrain, train_losses, write_config)
 
 SBATCH = ROOT / "examples" / "slurm" / "pretrain.sbatch"
 STEPS = 12

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import subprocess
@@ -52,8 +53,9 @@ def test_another_process_writes_the_same_bytes(tmp_path):
     torch.manual_seed(0)
     model = build_model(tiny("bert"))
     save_weights(model, tmp_path / "here.safetensors")
-    script = ("import sys, torch; from bertrain.model import build_model, load_weights, save_weights; "
-              "from tests.test_weights_bytes import tiny; m = build_model(tiny('bert')); "
+    script = ("import sys, torch; from bertrain.config import ModelConfig; "
+              "from bertrain.model import build_model, load_weights, save_weights; "
+              f"m = build_model(ModelConfig(**{dataclasses.asdict(tiny('bert'))!r})); "
               "load_weights(m, sys.argv[1]); save_weights(m, sys.argv[2])")
     for i in range(3):  # each process seeds its hash maps afresh
         subprocess.run([sys.executable, "-c", script, str(tmp_path / "here.safetensors"),

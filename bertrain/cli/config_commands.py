@@ -13,7 +13,7 @@ from bertrain.cli.app import SetOption, app, console
 config_app = typer.Typer(
     help="List the shipped configs and recipes, show resolved configs, print the config reference.\n\n"
          "Example: bertrain config list\n\nExample: bertrain config show albert_base --explain",
-    short_help="List shipped configs and recipes, show resolved configs, print the reference.", no_args_is_help=True)
+    no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
@@ -29,17 +29,9 @@ def show(
 
     Example: bertrain config show albert_base --set optim.lr=3e-4 --explain
     """
-    from bertrain.config import dump_yaml, explain_lines, load_config, load_recipe, read_yaml, resolve_config_path
+    from bertrain.config import dump_yaml, explain_lines, load_config_or_recipe
 
-    try:
-        path = resolve_config_path(config)
-        loader = load_config
-    except Exception:
-        path = resolve_config_path(config, kind="data_recipes")
-        loader = load_recipe
-    if "prepare" in read_yaml(path):
-        loader = load_recipe
-    resolved = loader(path, overrides or [])
+    path, resolved = load_config_or_recipe(config, overrides or [])
     if not explain:
         typer.echo(dump_yaml(resolved), nl=False)
         return

@@ -11,13 +11,13 @@ import typer
 from bertrain.cli.app import SetOption, app, console
 
 tokenizer_app = typer.Typer(
-    help="Train tokenizers.\n\nExample: bertrain tokenizer train --source corpus/ --kind unigram --vocab-size 8000 --out tok/",
-    short_help="Train tokenizers.", no_args_is_help=True)
+    help="Train tokenizers.\n\nExample: bertrain tokenizer train --source corpus/ --kind unigram --out tok/",
+    no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
 
 RecipeOption = typer.Option(None, "--recipe", "-r", help="Data recipe YAML, or a shipped recipe name (pydoc).")
-SourceOption = typer.Option(None, "--source", help="Input file, directory or glob; replaces the recipe's "
-                            "sources (repeatable).")
+SourceOption = typer.Option(None, "--source", metavar="PATH",
+                            help="Input file, directory or glob; replaces the recipe's sources (repeatable).")
 KindOption = typer.Option(None, "--tokenizer-kind", "--kind", help="wordpiece (BERT) or unigram (ALBERT).")
 VocabOption = typer.Option(None, "--vocab-size", help="Tokenizer vocabulary size (tokenizer.vocab_size).")
 
@@ -54,30 +54,25 @@ def prepare(
 ) -> None:
     """Read raw corpora, train a tokenizer and write a tokenized, memory-mapped DATA_DIR.
 
-    Re-running on a finished DATA_DIR does nothing; after an interruption it resumes with the
-    shards already written; changed sources or settings rebuild what they affect.
+    Re-running a finished DATA_DIR does nothing; an interrupted one resumes; changed settings rebuild what they affect.
 
-    Example: bertrain prepare --recipe pydoc --source corpus/ --out data/pydoc --vocab-size 8000
+    Example: bertrain prepare --recipe pydoc --out data/pydoc --vocab-size 8000
     """
     from bertrain.config import load_recipe
     from bertrain.data.prepare import prepare_corpus
+    from bertrain.special_tokens import MODEL_OF_KIND
 
     loaded = load_recipe(recipe, _overrides(
-        overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size,
-        prepare__num_shards=num_shards, prepare__workers=workers,
-        prepare__validation_fraction=validation_fraction))
-    result = prepare_corpus(loaded, out, shard_index=shard_index, tokenizer_path=tokenizer, console=console)
+        overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size, tokenizer__path=tokenizer,
+        prepare__num_shards=num_shards, prepare__workers=workers, prepare__validation_fraction=validation_fraction))
+    result = prepare_corpus(loaded, out, shard_index=shard_index, console=console)
     if result.get("complete", True):
-        config, model = KIND_MODELS.get(result["tokenizer"]["kind"], KIND_MODELS["wordpiece"])
-        console.print(f"Done: {out} (fingerprint {result['fingerprint'][:12]}). Next, pretrain a small {model} "
-                      f"on it (config {config}, which fits its {result['tokenizer']['kind']} tokenizer):",
+        kind = result["tokenizer"]["kind"]
+        config = f"tiny_{MODEL_OF_KIND[kind]}"
+        console.print(f"Done: {out} (fingerprint {result['fingerprint'][:12]}). Next, pretrain a small "
+                      f"{MODEL_OF_KIND[kind].upper()} on it (config {config}, which fits its {kind} tokenizer):",
                       highlight=False, markup=False, soft_wrap=True)
         console.print(next_command(out, config), soft_wrap=True, markup=False, highlight=False)
-
-
-# The shipped config that fits each tokenizer kind (ALBERT's n-gram masking and BERT's whole-word
-# masking find words by the tokenizer's word marker), and the model it trains.
-KIND_MODELS = {"wordpiece": ("tiny_bert", "BERT"), "unigram": ("tiny_albert", "ALBERT")}
 
 
 def next_command(out: Path, config: str) -> str:
@@ -98,10 +93,9 @@ def tokenizer_train(
 ) -> None:
     """Train a tokenizer on the recipe's sources (documents cleaned and split as `prepare` does).
 
-    Validation documents (by hash, prepare.validation_fraction) are held out and used to report the
-    unknown-token rate and tokens per word.
+    Held-out validation documents (prepare.validation_fraction) give the unknown-token rate and tokens per word.
 
-    Example: bertrain tokenizer train --source corpus/ --kind unigram --vocab-size 8000 --out tok/
+    Example: bertrain tokenizer train --source corpus/ --kind unigram --out tok/
     """
     from rich.table import Table
 
@@ -119,9 +113,10 @@ def tokenizer_train(
 
 @app.command("inspect")
 def inspect(
-    data_dir: Path = typer.Argument(..., help="A prepared DATA_DIR."),
+    data_dir: Path = typer.Argument(..., metavar="DATA_DIR", help="A prepared DATA_DIR."),
     pairs: bool = typer.Option(False, "--pairs", help="Show training pairs and masked batches instead."),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="Training config for --pairs."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", metavar="NAME|FILE",
+                                         help="Training config for --pairs."),
     batches: int = typer.Option(1, "--batches", help="Batches to show with --pairs."),
     documents: int = typer.Option(3, "--documents", help="Documents to decode in the summary."),
     audit: bool = typer.Option(False, "--audit", help="With --pairs: test whether surface features (lengths, "
@@ -132,7 +127,7 @@ def inspect(
 ) -> None:
     """Summarize a prepared DATA_DIR: manifest, length histograms, a few decoded documents.
 
-    Example: bertrain inspect data/pydoc --pairs --config tiny_bert --batches 2 --audit
+    Example: bertrain inspect data/pydoc --pairs --config tiny_bert --audit
     """
     if audit and not pairs:
         raise typer.BadParameter("--audit needs --pairs (it audits the training pairs of --config).")

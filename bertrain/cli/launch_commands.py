@@ -1,9 +1,8 @@
 """`bertrain launch`: run a launcher (torchrun, accelerate launch) and exit with the workers' own code.
 
-Launchers end with exit 1 whatever their workers said, so a job script could not tell a preempted run
-(75: checkpoint written, requeue) from a bad config (2). Each worker records its exit code in a directory
-this command creates (bertrain.exit_status); the launcher runs in its own process group, receives every
-stop signal this process gets, and dies with it (a kill -9 here leaves no training behind).
+Launchers exit 1 whatever their workers said, so a job script could not tell a preempted run (75) from a bad
+config (2). Each worker records its exit code in a directory made here (bertrain.exit_status); the launcher runs
+in its own process group, gets every stop signal this process gets, and dies with it (even after a kill -9).
 """
 
 from __future__ import annotations
@@ -34,20 +33,11 @@ def torchrun_command(nproc: int, bertrain_args: list[str]) -> list[str]:
             "-m", "bertrain", *bertrain_args]
 
 
-def _launcher_env(status_dir: Path) -> dict:
-    from bertrain.exit_status import STATUS_DIR_ENV
-
-    env = dict(os.environ)
-    for name, value in LAUNCHER_DEFAULTS.items():
-        env.setdefault(name, value)
-    env[STATUS_DIR_ENV] = str(status_dir)
-    return env
-
-
 def run_launcher(command: list[str], status_dir: Path) -> int:
     """Run `command` in its own process group, forwarding stop signals to the group; its exit code
     (128 + N when signal N ended it)."""
     from bertrain.errors import UsageError
+    from bertrain.exit_status import STATUS_DIR_ENV
     from bertrain.train.parent_watch import libc_prctl, set_parent_death_signal
 
     prctl = libc_prctl()  # looked up here: between fork and exec nothing may be loaded
@@ -56,8 +46,8 @@ def run_launcher(command: list[str], status_dir: Path) -> int:
         set_parent_death_signal(signal.SIGTERM, prctl)
 
     try:
-        child = subprocess.Popen(command, env=_launcher_env(status_dir), start_new_session=True,
-                                 preexec_fn=die_with_this_process)
+        env = {**LAUNCHER_DEFAULTS, **os.environ, STATUS_DIR_ENV: str(status_dir)}
+        child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_this_process)
     except (FileNotFoundError, PermissionError) as error:
         raise UsageError(f"Cannot start the launcher '{command[0]}': {error.strerror}. Install it, or give its full "
                          f"path (torchrun is also `python -m torch.distributed.run`).") from None
@@ -88,15 +78,18 @@ def launch(
 ) -> None:
     """Run a multi-process launcher and exit with the workers' code (0, 1, 2 or 75), not the launcher's.
 
-    LAUNCHER ARGS is the whole launcher command line, e.g. `torchrun --nproc_per_node 8 -m bertrain pretrain …`
-    or `accelerate launch --multi_gpu --num_processes 8 -m bertrain pretrain …`. SIGTERM, SIGUSR1, SIGINT and
-    SIGHUP are forwarded to the launcher, which passes them to the workers (they checkpoint and exit 75).
+    LAUNCHER ARGS is the whole launcher command line: `torchrun …` or `accelerate launch …`, running `-m bertrain`.
+
+    SIGTERM, SIGUSR1, SIGINT and SIGHUP reach the workers through the launcher (they checkpoint and exit 75).
+
     The last line says which code was chosen and why.
 
-    Example: bertrain launch --nproc 2 pretrain --config tiny_bert --data data/demo_bert --run-dir runs/tiny
+    Example: bertrain launch --nproc 2 pretrain -c tiny_bert --data data/pydoc
+
+    Example: bertrain launch torchrun --nproc_per_node 8 -m bertrain pretrain …
     """
     from bertrain.errors import UsageError
-    from bertrain.exit_status import combine, read_exits
+    from bertrain.exit_status import combine_exit_codes, read_exits
 
     command = list(ctx.args)
     if not command:
@@ -107,7 +100,7 @@ def launch(
     status_dir = Path(tempfile.mkdtemp(prefix="bertrain-exit-"))
     try:
         launcher_code = run_launcher(command, status_dir)
-        code, reason = combine(read_exits(status_dir), launcher_code)
+        code, reason = combine_exit_codes(read_exits(status_dir), launcher_code)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
     err_console.print(f"bertrain launch: exit {code}: {reason}", markup=False, highlight=False, soft_wrap=True)

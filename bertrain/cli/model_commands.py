@@ -10,100 +10,47 @@ from rich.table import Table
 
 from bertrain.cli.app import SetOption, app, console, err_console
 
-DEFAULT_VOCAB = {"bert": 30522, "albert": 30000}  # bert-base-uncased / albert-base-v2 vocabularies
-# (type, hidden, layers, heads, intermediate, embedding) → published parameter count (papers / model cards)
-PUBLISHED = {
-    ("bert", 768, 12, 12, 3072, None): ("BERT-base", "110M"),
-    ("bert", 1024, 24, 16, 4096, None): ("BERT-large", "340M"),
-    ("albert", 768, 12, 12, 3072, 128): ("ALBERT-base", "12M"),
-    ("albert", 1024, 24, 16, 4096, 128): ("ALBERT-large", "18M"),
-    ("albert", 2048, 24, 16, 8192, 128): ("ALBERT-xlarge", "60M"),
-    ("albert", 4096, 12, 64, 16384, 128): ("ALBERT-xxlarge", "235M"),
-}
-
-
-def _count(module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def parameter_rows(model) -> list[tuple[str, int, str]]:
-    """(module, parameters, note) per module; identical repeated layers are folded into one row."""
-    from torch import nn
-
-    rows: list[tuple[str, int, str]] = []
-
-    def visit(name: str, module: nn.Module, depth: int) -> None:
-        children = list(module.named_children())
-        if isinstance(module, nn.ModuleList) and children:
-            counts = {_count(child) for _, child in children}
-            if len(counts) == 1 and len(children) > 1:
-                rows.append((f"{name}.0–{len(children) - 1}", _count(module),
-                             f"{len(children)} × {counts.pop():,}"))
-                return
-        note = ""
-        if name == "encoder.groups":
-            steps = model.config.num_hidden_layers
-            note = f"shared: {len(children)} group(s) applied {steps} times"
-        rows.append((name, _count(module), note))
-        if depth < 2:
-            for child_name, child in children:
-                visit(f"{name}.{child_name}", child, depth + 1)
-
-    for name, child in model.named_children():
-        visit(name, child, 1)
-    for name, parameter in model.named_parameters(recurse=False):
-        rows.append((name, parameter.numel(), ""))
-    return rows
-
 
 @app.command("inspect-model")
 def inspect_model(
-    config: str = typer.Argument(..., help="Config YAML or a shipped name (bert_base, albert_large)."),
+    config: str = typer.Argument(..., metavar="NAME|FILE",
+                                 help="Config YAML or a shipped name (bert_base, albert_large)."),
     overrides: Optional[list[str]] = SetOption,
     vocab_size: Optional[int] = typer.Option(
-        None, "--vocab-size", help="Vocabulary size (default: model.vocab_size, else 30522 for BERT, 30000 for ALBERT)."),
+        None, "--vocab-size", help="Vocabulary size (default: model.vocab_size, else 30522 for BERT, 30000 for "
+                                   "ALBERT)."),
 ) -> None:
     """Print the parameters of each module of the model a config describes, and the total.
 
     Example: bertrain inspect-model bert_base --vocab-size 30522
     """
-    import dataclasses
-
-    import torch
-
     from bertrain.config import load_config
-    from bertrain.model import build_model
+    from bertrain.model.summary import parameter_summary
 
-    model_config = load_config(config, overrides or []).model
-    vocab = vocab_size or model_config.vocab_size or DEFAULT_VOCAB[model_config.type]
-    model_config = dataclasses.replace(model_config, vocab_size=vocab)
-    with torch.device("meta"):  # shapes only: no memory, no initialization time
-        model = build_model(model_config)
-    c = model_config
+    summary = parameter_summary(load_config(config, overrides or []).model, vocab_size)
+    c = summary.model_config
     table = Table(title=f"{config}: {c.type}, H={c.hidden_size}, L={c.num_hidden_layers}, "
-                        f"heads={c.num_attention_heads}, vocab={vocab}")
+                        f"heads={c.num_attention_heads}, vocab={c.vocab_size}")
     table.add_column("module", style="cyan", no_wrap=True)
     table.add_column("parameters", justify="right", style="green")
     table.add_column("note")
-    for name, count, note in parameter_rows(model):
+    for name, count, note in summary.rows:
         table.add_row(name, f"{count:,}", note)
-    total = model.num_parameters()
     table.add_section()
-    table.add_row("total", f"{total:,}", f"{total / 1e6:.1f}M")
-    embedding = c.embedding_size if c.type == "albert" else None
-    published = PUBLISHED.get((c.type, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                               c.intermediate_size, embedding))
+    table.add_row("total", f"{summary.total:,}", f"{summary.total / 1e6:.1f}M")
+    published = f"{summary.published[0]}: {summary.published[1]}" if summary.published else None
     if published:
-        table.add_row("published", "", f"{published[0]}: {published[1]}")
+        table.add_row("published", "", published)
     console.print(table)
-    console.print(f"Total parameters: {total:,}" + (f" (published {published[0]}: {published[1]})" if published else ""),
+    console.print(f"Total parameters: {summary.total:,}" + (f" (published {published})" if published else ""),
                   highlight=False)
 
 
 @app.command("export")
 def export(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint dir (RUN_DIR/checkpoints/step-…) or a RUN_DIR (newest checkpoint)."),
-    out_dir: Path = typer.Argument(..., help="Output directory for the transformers model."),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint dir (RUN_DIR/checkpoints/"
+                                      "step-…) or a RUN_DIR (newest checkpoint)."),
+    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Output directory for the transformers model."),
     tokenizer: Optional[Path] = typer.Option(
         None, "--tokenizer", help="Tokenizer dir to copy (default: the checkpoint's, else RUN_DIR/tokenizer)."),
     verify: bool = typer.Option(
@@ -152,13 +99,14 @@ def warn_skipped(skipped) -> None:
 
 @app.command("fill-mask")
 def fill_mask_command(
-    model_dir: Path = typer.Argument(..., help="An exported transformers dir, a checkpoint dir or a RUN_DIR."),
-    text: str = typer.Argument(..., help="Text with the mask token, e.g. \"the [MASK] sat on the mat\"."),
+    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR",
+                                     help="An exported transformers dir, a checkpoint dir or a RUN_DIR."),
+    text: str = typer.Argument(..., metavar="TEXT", help='Text with the mask token, e.g. "the [MASK] sat on the mat".'),
     top_k: int = typer.Option(5, "--top-k", min=1, help="Predictions to show per mask."),
 ) -> None:
     """Predict the masked word(s) in TEXT, like transformers' fill-mask pipeline.
 
-    Example: bertrain fill-mask exported/bert_base "paris is the [MASK] of france." --top-k 5
+    Example: bertrain fill-mask exported/bert "paris is the [MASK] of france."
     """
     from bertrain.model.fill_mask import fill_mask, load_for_inference
 

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from bertrain.cli.app import LIST_HINT, ConfigOption, SetOption, app, console
+from bertrain.config.resume_keys import FORCE_HELP
 
 
 @app.command("pretrain")
@@ -18,15 +19,12 @@ def pretrain(
                                        help="Prepared DATA_DIR (overrides data.path)."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", metavar="RUN_DIR",
                                           help="RUN_DIR for checkpoints and metrics (overrides train.output_dir)."),
-    resume: str = typer.Option("auto", "--resume", metavar="auto|never|restart|PATH",
+    resume: str = typer.Option("auto", "--resume", metavar="MODE|PATH",
                                help="auto: continue from RUN_DIR's newest valid checkpoint (an error when it has "
                                     "checkpoints but none is valid); never: refuse a non-empty RUN_DIR; restart: "
                                     "move RUN_DIR's checkpoints and metrics to RUN_DIR/old-<time>/ (nothing is "
                                     "deleted) and start from step 0; or a checkpoint directory (or another RUN_DIR)."),
-    force: bool = typer.Option(False, "--force", help="Resume although the data, batch layout (batch size, "
-                               "accumulation, processes), optimizer settings (lr, betas, eps, weight decay, grad "
-                               "clipping, schedule, warmup), precision, seed, dropout or a shorter budget changed; "
-                               "never model shape, optimizer kind or tokenizer. A longer budget needs no --force."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     trust_checkpoint: bool = typer.Option(
         False, "--trust-checkpoint", help="Resume from an older-format checkpoint (optimizer.pt, rng-rank*.pt: "
         "pickle files, which can run code when read) that you wrote or trust. They are read with "
@@ -40,14 +38,13 @@ def pretrain(
 ) -> None:
     """Pretrain BERT/ALBERT with MLM + NSP/SOP (Accelerate: plain, `accelerate launch` or `torchrun`).
 
-    Saves atomic checkpoints to RUN_DIR/checkpoints, resumes exactly, and on SIGTERM/SIGUSR1 saves and
-    exits 75 for the job scheduler to requeue.
+    Saves atomic checkpoints to RUN_DIR/checkpoints, resumes exactly, and on SIGTERM/SIGUSR1 saves and exits 75.
 
     Shipped configs: bertrain config list. A config's values and what each means: bertrain config show NAME --explain.
 
-    Example: bertrain pretrain --config tiny_bert --data data/demo_bert --run-dir runs/tiny --set train.max_steps=200
+    Example: bertrain pretrain -c tiny_bert --data data/pydoc --run-dir runs/tiny
 
-    Example: bertrain pretrain --config albert_base --data data/wiki --check-resume --set train.batch_size=64
+    Example: bertrain pretrain -c albert_base --data data/wiki --check-resume
     """
     from bertrain.config import load_config
     from bertrain.train.loop import pretrain as run_pretrain
@@ -80,3 +77,28 @@ def check_pretrain_arguments(config: Optional[str], resume: str) -> None:
             f"--resume {resume}: no such checkpoint or RUN_DIR. Use --resume auto (continue from RUN_DIR's newest "
             f"checkpoint), --resume never, --resume restart (start over, moving the old checkpoints aside) or an "
             f"existing checkpoint directory (RUN_DIR/checkpoints/step-…).")
+
+
+@app.command("report")
+def report(
+    run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="RUN_DIRs: several overlay on the same axes."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write."),
+) -> None:
+    """Write one self-contained HTML page of RUN_DIRs: curves against steps or tokens, marks where checkpoints,
+    stops and resumes happened, model, data, config diff and verdict. It opens offline in any browser.
+
+    `pretrain` keeps RUN_DIR/report.html current after each evaluation (logging.report).
+
+    Example: bertrain report runs/tiny --out tiny.html
+
+    Example: bertrain report runs/lr1e-4 runs/lr3e-4 runs/albert --out sweep.html
+    """
+    from bertrain.errors import UsageError
+    from bertrain.console import human_bytes
+    from bertrain.train.report import write_report
+
+    missing = [str(path) for path in run_dirs if not path.is_dir()]
+    if missing:
+        raise UsageError(f"No such RUN_DIR: {', '.join(missing)}.")
+    size = write_report(run_dirs, out)
+    console.print(f"Wrote {out} ({human_bytes(size)}): open it in a browser.", highlight=False)

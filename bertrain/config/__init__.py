@@ -2,25 +2,24 @@
 
 schema.py holds the sections (every key documented in its field's `help`), yaml_tree.py the general
 typed-YAML engine, validate.py the cross-field checks, reference.py the generated docs, load.py the
-entry points. Import from here: `from bertrain.config import load_config, Config`.
+entry points, resume_keys.py which keys a resume may change. Import from here: `from bertrain.config import ...`.
 """
 
-from bertrain.config.load import load_config, load_recipe
-from bertrain.config.reference import config_reference_markdown, explain_lines, iter_docs
-from bertrain.config.schema import (Config, DataConfig, LoggingConfig, ModelConfig, OptimConfig, PrepareConfig,
-                                    Recipe, SourceConfig, TokenizerConfig, TrainConfig, opt)
-from bertrain.config.validate import (ConfigWarning, check_precision_for_device, config_warnings,
-                                      micro_batch_size_for, validate, validate_model)
-from bertrain.config.yaml_tree import (build_dataclass, describe_yaml, dump_yaml, nearest_key, parse_override,
-                                       read_tree, read_yaml, resolve_config_path, set_dotted, shipped_dir,
-                                       shipped_files, to_dict, type_name)
+from bertrain.config.load import load_config, load_config_or_recipe, load_recipe
+from bertrain.config.reference import config_reference_markdown, explain_lines
+from bertrain.config.schema import (AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHARE, MAX_AUTO_WORKERS, Config,
+                                    DataConfig, LoggingConfig, ModelConfig, OptimConfig, PrepareConfig, Recipe,
+                                    SourceConfig, TokenizerConfig, TrainConfig)
+from bertrain.config.validate import (ConfigWarning, check_precision_for_device, fit_micro_batch_size,
+                                      micro_batch_size_for, validate_model)
+from bertrain.config.yaml_tree import (build_dataclass, describe_yaml, dump_yaml, read_yaml, resolve_config_path,
+                                       flatten, set_dotted, shipped_dir, shipped_files, to_dict)
 
 __all__ = [
-    "Config", "DataConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "PrepareConfig", "Recipe",
-    "SourceConfig", "TokenizerConfig", "TrainConfig", "opt",
-    "load_config", "load_recipe", "validate", "validate_model", "micro_batch_size_for", "ConfigWarning",
-    "check_precision_for_device", "config_warnings",
-    "build_dataclass", "dump_yaml", "parse_override", "read_tree", "read_yaml", "resolve_config_path",
-    "set_dotted", "shipped_dir", "shipped_files", "describe_yaml", "nearest_key", "to_dict", "type_name",
-    "config_reference_markdown", "explain_lines", "iter_docs",
+    "AUTO_MIN_PADDED_WIDTH", "AUTO_MIN_PADDING_SHARE", "MAX_AUTO_WORKERS", "Config", "ConfigWarning", "DataConfig",
+    "LoggingConfig", "ModelConfig", "OptimConfig", "PrepareConfig", "Recipe", "SourceConfig", "TokenizerConfig",
+    "TrainConfig", "build_dataclass", "check_precision_for_device", "config_reference_markdown", "describe_yaml",
+    "dump_yaml", "explain_lines", "flatten", "fit_micro_batch_size", "load_config", "load_config_or_recipe", "load_recipe",
+    "micro_batch_size_for", "read_yaml", "resolve_config_path", "set_dotted", "shipped_dir", "shipped_files",
+    "to_dict", "validate_model",
 ]

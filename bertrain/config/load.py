@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bertrain.config.schema import Config, Recipe
 from bertrain.config.validate import validate
-from bertrain.config.yaml_tree import read_tree
+from bertrain.config.yaml_tree import find_config_path, read_tree, read_yaml, resolve_config_path
 
 
 def load_config(path: str | Path | None, overrides: typing.Iterable[str] = ()) -> Config:
@@ -22,3 +22,10 @@ def load_recipe(path: str | Path | None, overrides: typing.Iterable[str] = ()) -
     recipe = read_tree(Recipe, path, overrides, kind="data_recipes")
     validate(recipe)
     return recipe
+
+
+def load_config_or_recipe(name: str | Path, overrides: typing.Iterable[str] = ()) -> tuple[Path, Config | Recipe]:
+    """(its file, the config or recipe) by file or shipped name; a file with a `prepare` section is a recipe."""
+    path = find_config_path(name) or resolve_config_path(name, kind="data_recipes")
+    loader = load_recipe if "prepare" in read_yaml(path) else load_config
+    return path, loader(path, overrides)

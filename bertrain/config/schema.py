@@ -22,6 +22,18 @@ def opt(default: Any, help: str, aliases: tuple[str, ...] = (), **kwargs: Any) -
 # Sections of a training config
 # ----------------------------------------------------------------------------------------------
 
+# `data.num_workers: auto` on an accelerator: the process's cores less one, at most this (data/loader.py).
+MAX_AUTO_WORKERS = 4
+# `model.unpad: auto` packs a micro-batch when its padding share reaches AUTO_MIN_PADDING_SHARE, or padding share x
+# hidden_size reaches AUTO_MIN_PADDED_WIDTH (model/forward_plan.py). Packing saves the projections and feed-forward on
+# padding (~24·H² FLOPs a padded token) and costs a few gathers of [N, 3H] rows and one SDPA call per bucket in
+# every layer: at a small H a fixed cost of the order of the work saved. Measured with benchmarks/unpad.py on a
+# 2-core CPU (training step, real tokens/s, unpadded / padded, NSP batches of the pydoc data): seq 128 (16-18%
+# padding): tiny (H 128) 0.94x, small (H 256) 1.01x, bert-base (H 768) 1.12x; seq 512 (38-59% padding): tiny
+# 1.30x, small 1.37x, bert-base 1.68x. The only loss, tiny at 18%, is the only point below both thresholds.
+AUTO_MIN_PADDING_SHARE = 0.30
+AUTO_MIN_PADDED_WIDTH = 40.0
+
 
 @dataclass
 class DataConfig:
@@ -45,9 +57,9 @@ class DataConfig:
     num_workers: Union[int, Literal["auto"]] = opt(
         "auto", "DataLoader worker processes per training process (batches are identical for any value). `auto` "
         "(default): 0 on a CPU, whose cores the workers would take from the model; on a GPU, the cores of the "
-        "process (cores / processes on the machine) less one, at most 4. Workers serve every epoch of a run and "
-        "prefetch 4 micro-batches each; batches are pinned and copied with non_blocking on CUDA whatever the "
-        "value. Evaluation uses workers only when this is a number.")
+        f"process (cores / processes on the machine) less one, at most {MAX_AUTO_WORKERS}. Workers serve every "
+        "epoch of a run and prefetch 4 micro-batches each; batches are pinned and copied with non_blocking on CUDA "
+        "whatever the value. Evaluation uses workers only when this is a number.")
     eval_batches: int = opt(20, "Validation batches per evaluation (fixed masks, same every time).")
 
 
@@ -95,8 +107,9 @@ class ModelConfig:
     unpad: Literal["auto", "true", "false"] = opt(
         "auto", "Compute on real tokens only in training and evaluation (a micro-batch's sequences packed, "
         "attention kept inside each sequence; same losses as padded within float rounding). `auto`: where that "
-        "was measured at least as fast on a CPU: a micro-batch with >= 30% padding, or padding share x hidden_size "
-        ">= 40 (hidden 768 from 5.2% padding); `true`: always, `false`: never. "
+        f"was measured at least as fast on a CPU: a micro-batch with >= {AUTO_MIN_PADDING_SHARE:.0%} padding, or "
+        f"padding share x hidden_size >= {AUTO_MIN_PADDED_WIDTH:g} (hidden 768 from "
+        f"{AUTO_MIN_PADDED_WIDTH / 768:.1%} padding); `true`: always, `false`: never. "
         "Inference and export always run padded.")
     init_from: Optional[str] = opt(
         None, "Start from existing weights: a local transformers BERT/ALBERT directory (continued pretraining) "
@@ -110,7 +123,8 @@ class OptimConfig:
     name: Literal["adamw", "lamb"] = opt("adamw", "`adamw`, or `lamb` for large-batch recipes (ALBERT).",
                                          aliases=("type", "optimizer_name"))
     lr: float = opt(1e-4, "Peak learning rate (must be positive).", aliases=("learning_rate",))
-    weight_decay: float = opt(0.01, "Decoupled weight decay on weight matrices and embeddings (never biases or LayerNorm).")
+    weight_decay: float = opt(
+        0.01, "Decoupled weight decay on weight matrices and embeddings (never biases or LayerNorm).")
     betas: list[float] = opt([0.9, 0.999], "Adam betas.")
     eps: float = opt(1e-6, "Adam epsilon.")
     max_grad_norm: Optional[float] = opt(1.0, "Clip the global gradient norm to this (null: no clipping).")
@@ -118,14 +132,16 @@ class OptimConfig:
         "linear", "After warmup: linear decay to 0, cosine decay to 0, or constant.")
     warmup_steps: int = opt(10000, "Linear warmup length in optimizer steps (warned about when longer than the "
                                    "run).", aliases=("num_warmup_steps", "warmup"))
-    warmup_fraction: Optional[float] = opt(None, "Warmup as a fraction of total steps; overrides warmup_steps when set.")
+    warmup_fraction: Optional[float] = opt(
+        None, "Warmup as a fraction of total steps; overrides warmup_steps when set.")
 
 
 @dataclass
 class TrainConfig:
     """The training run: budget, batch, precision, checkpoints, evaluation."""
 
-    output_dir: str = opt("runs/bertrain", "RUN_DIR: checkpoints, metrics.jsonl and the resolved config (also `--run-dir`).")
+    output_dir: str = opt(
+        "runs/bertrain", "RUN_DIR: checkpoints, metrics.jsonl and the resolved config (also `--run-dir`).")
     seed: int = opt(42, "Seed of initialization, pair plans, masking and data order.")
     batch_size: int = opt(256, "Global batch in sequences per optimizer step (all processes, all accumulation steps).",
                            aliases=("train_batch_size", "global_batch_size"))
@@ -155,13 +171,15 @@ class TrainConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where metrics go besides RUN_DIR/metrics.jsonl."""
+    """Where metrics go besides RUN_DIR/metrics.jsonl: wandb, and RUN_DIR/report.html."""
 
     wandb: Literal["off", "online", "offline", "disabled"] = opt(
         "off", "Weights & Biases mode; `online` falls back to offline when the network is unreachable.")
     wandb_project: str = opt("bertrain", "wandb project name.")
     wandb_run_name: Optional[str] = opt(None, "wandb run name (null: RUN_DIR's name).")
     wandb_init_timeout: float = opt(30.0, "Seconds to wait for wandb online before falling back to offline.")
+    report: bool = opt(True, "Rewrite RUN_DIR/report.html (the page of `bertrain report`: curves, data, verdict) "
+                             "after each evaluation and when the run ends; false: never.")
 
 
 @dataclass
@@ -218,7 +236,8 @@ class PrepareConfig:
         "error", "Invalid UTF-8: stop with file/line/byte, or replace / skip the line and count it.")
     on_bad_record: Literal["error", "skip"] = opt(
         "error", "JSON record without a string text field: stop naming file and line, or skip and count it.")
-    max_line_chars: int = opt(1_000_000, "Longer lines are split into pieces of at most this many characters (counted).")
+    max_line_chars: int = opt(
+        1_000_000, "Longer lines are split into pieces of at most this many characters (counted).")
     min_sentence_chars: int = opt(1, "Sentences shorter than this are dropped (counted).")
     max_document_chars: int = opt(
         10_000_000, "Plain-text files (one document per file) longer than this are cut into several "

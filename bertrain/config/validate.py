@@ -45,10 +45,8 @@ def _in_unit_interval(value: float, key: str, include_one: bool = False) -> None
 
 
 def validate_model(model: ModelConfig) -> None:
-    """The model section's own rules: positive sizes, heads dividing hidden_size, ALBERT groups dividing layers.
-
-    `vocab_size` may still be null (the trainer takes it from the data's manifest); set, it must be positive.
-    """
+    """The model section's own rules: positive sizes (vocab_size may be null: the trainer takes it from the data),
+    heads dividing hidden_size, ALBERT groups dividing layers."""
     if model.vocab_size is not None and model.vocab_size < 1:
         raise ConfigError(f"model.vocab_size must be at least 1, got {model.vocab_size}.")
     for key in _POSITIVE_MODEL_KEYS:
@@ -141,10 +139,8 @@ def config_warnings(config: Config) -> list[str]:
 
 
 def check_precision_for_device(mixed_precision: str, device_type: str) -> None:
-    """Refuse `train.mixed_precision: fp16` on a CPU (fp16 autocast with a loss scaler is a CUDA feature).
-
-    For the trainer once the device is known (a config alone cannot know it); raises ConfigError (exit 2).
-    """
+    """Refuse `train.mixed_precision: fp16` on a CPU (fp16 autocast with a loss scaler is a CUDA feature): for the
+    trainer once the device is known (a config alone cannot know it)."""
     if mixed_precision == "fp16" and device_type == "cpu":
         raise ConfigError(
             "Config key 'train.mixed_precision' is 'fp16', but this run is on the CPU: fp16 autocast with a loss "
@@ -167,3 +163,9 @@ def micro_batch_size_for(config: Config, world_size: int) -> int:
             f"train.gradient_accumulation_steps ({world_size} x {accumulation} = {world_size * accumulation}). "
             f"Change the batch size, the accumulation steps or the number of processes.")
     return batch // (world_size * accumulation)
+
+
+def fit_micro_batch_size(instances: int, micro_batch_size: int, world_size: int = 1) -> int:
+    """`micro_batch_size`, or for a split with fewer `instances` than one global micro-batch (a small corpus)
+    one smaller micro-batch of each rank's share (at least 1), so that tools still see what there is."""
+    return max(1, min(micro_batch_size, instances // world_size))

@@ -87,34 +87,19 @@ def _to_bool(value: Any) -> bool:
     raise _Mismatch
 
 
-def _to_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise _Mismatch
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            number = float(value.replace("_", ""))
-        except ValueError:
-            raise _Mismatch from None
-        if number.is_integer():
-            return int(number)
-    raise _Mismatch
-
-
-def _to_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise _Mismatch
-    if isinstance(value, (int, float)):
-        return float(value)
+def _to_number(value: Any, integer: bool) -> int | float:
     if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string
         try:
-            return float(value.replace("_", ""))
+            value = float(value.replace("_", ""))
         except ValueError:
             raise _Mismatch from None
-    raise _Mismatch
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Mismatch
+    if not integer:
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise _Mismatch
+    return int(value)
 
 
 def _to_str(value: Any) -> str:
@@ -123,7 +108,8 @@ def _to_str(value: Any) -> str:
     raise _Mismatch
 
 
-_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str, Any: lambda value: value}
+_SCALARS = {bool: _to_bool, int: lambda value: _to_number(value, integer=True),
+            float: lambda value: _to_number(value, integer=False), str: _to_str, Any: lambda value: value}
 
 
 def _coerce_literal(value: Any, choices: tuple, key: str) -> Any:
@@ -237,12 +223,10 @@ def _unknown_key_hint(name: str, cls: type, prefix: str, root: type | None) -> s
     return f" Valid keys here: {', '.join(_join(prefix, f.name) for f in dataclasses.fields(cls))}."
 
 
-def build_dataclass(cls: type, values: dict, prefix: str = "") -> Any:
+def build_dataclass(cls: type, values: dict) -> Any:
     """Build `cls` from a mapping, refusing unknown keys (with the nearest valid one) and wrong types."""
-    if prefix:
-        return _build(cls, values, prefix)
     try:
-        return _build(cls, values, prefix)
+        return _build(cls, values, "")
     except _UnknownKey as unknown:  # worded here, where every section is in view for the suggestion
         hint = _unknown_key_hint(unknown.name, unknown.cls, unknown.prefix, cls)
         raise ConfigError(f"Unknown config key '{unknown.dotted}'.{hint}") from None
@@ -258,6 +242,17 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
             raise _UnknownKey(dotted, str(key), cls, prefix)
         kwargs[key] = _coerce(value, hints[key], dotted)
     return cls(**kwargs)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {"section.key": value}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def set_dotted(tree: dict, dotted: str, value: Any, root_cls: type) -> None:
@@ -294,16 +289,15 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def shipped_dir(kind: str) -> list[Path]:
-    """Directories holding the shipped `configs` or `data_recipes` (package data; the top-level
-    `configs/` and `data_recipes/` of a checkout are symlinks to them)."""
-    directory = Path(__file__).resolve().parents[1] / kind
-    return [directory] if directory.is_dir() else []
+def shipped_dir(kind: str) -> Path:
+    """The directory of the shipped `configs` or `data_recipes` (package data; the top-level `configs/` and
+    `data_recipes/` of a checkout are symlinks to them)."""
+    return Path(__file__).resolve().parents[1] / kind
 
 
 def shipped_files(kind: str) -> list[Path]:
     """The shipped `configs` or `data_recipes` YAML files, sorted by name."""
-    return sorted(p for directory in shipped_dir(kind) for p in directory.glob("*.yaml"))
+    return sorted(shipped_dir(kind).glob("*.yaml"))
 
 
 def describe_yaml(path: Path) -> str:
@@ -319,18 +313,22 @@ def describe_yaml(path: Path) -> str:
     return first if not first or first.endswith((".", "!", "?")) else first + "."
 
 
-def resolve_config_path(name: str | Path, kind: str = "configs") -> Path:
+def find_config_path(name: str | Path, kind: str = "configs") -> Path | None:
     """A path as given if it exists, else the shipped file of that name (`albert_base`, `albert_base.yaml`)."""
     path = Path(name)
     if path.exists():
         return path
-    stem = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
-    for directory in shipped_dir(kind):
-        candidate = directory / stem
-        if candidate.is_file():
-            return candidate
-    available = sorted({p.stem for d in shipped_dir(kind) for p in d.glob("*.yaml")})
-    close = difflib.get_close_matches(path.stem, available, n=1)
+    shipped = shipped_dir(kind) / (path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml")
+    return shipped if shipped.is_file() else None
+
+
+def resolve_config_path(name: str | Path, kind: str = "configs") -> Path:
+    """find_config_path, or a ConfigError naming the nearest shipped name."""
+    found = find_config_path(name, kind)
+    if found is not None:
+        return found
+    available = [p.stem for p in shipped_files(kind)]
+    close = difflib.get_close_matches(Path(name).stem, available, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     raise ConfigError(
         f"Config file '{name}' does not exist, and no shipped {kind} file has that name.{hint} "

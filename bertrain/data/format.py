@@ -111,10 +111,6 @@ class Split:
         return sum(len(s.document_offsets) - 1 for s in self.shards)
 
     @property
-    def num_sentences(self) -> int:
-        return sum(len(s.sentence_offsets) - 1 for s in self.shards)
-
-    @property
     def num_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.shards)
 

@@ -8,23 +8,9 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from bertrain.data.format import Split, open_prepared
+from bertrain.data.format import open_prepared
+from bertrain.data.split_index import index_split
 from bertrain.tokenizer_file import load_tokenizer
-
-
-def sentence_lengths(split: Split) -> np.ndarray:
-    """Tokens per sentence over all shards of a split."""
-    parts = [np.diff(np.asarray(shard.sentence_offsets)) for shard in split.shards]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def document_lengths(split: Split) -> np.ndarray:
-    """Tokens per document over all shards of a split."""
-    parts = []
-    for shard in split.shards:
-        starts = np.asarray(shard.sentence_offsets)[np.asarray(shard.document_offsets)]
-        parts.append(np.diff(starts))
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def histogram_rows(lengths: np.ndarray, width: int = 40) -> list[tuple[str, int, str]]:
@@ -72,8 +58,9 @@ def show_data_summary(data_dir: str | Path, console: Any, num_documents: int = 3
     console.print(summary)
 
     train = prepared.split("train")
-    for title, lengths in (("sentence length (tokens)", sentence_lengths(train)),
-                           ("document length (tokens)", document_lengths(train))):
+    index = index_split(train)
+    for title, lengths in (("sentence length (tokens)", np.diff(index.sentence_cum)),
+                           ("document length (tokens)", np.diff(index.sentence_cum[index.document_first]))):
         if lengths.size == 0:
             continue
         table = Table(title=f"train {title}: mean {lengths.mean():.1f}, median {np.median(lengths):.0f}, "

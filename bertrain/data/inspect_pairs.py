@@ -3,53 +3,42 @@ shortcut audit of the sentence labels (`--audit`, see bertrain.data.pair_audit).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from bertrain.config import load_config, micro_batch_size_for
+from bertrain.config import Config, DataConfig, fit_micro_batch_size, load_config, micro_batch_size_for
 from bertrain.data.format import open_prepared
-from bertrain.data.loader import build_train_loader, epoch_plan
-from bertrain.data.pair_audit import DEFAULT_INSTANCES, WARNING_MARGIN, ProbeResult, audit_pairs
+from bertrain.data.loader import epoch_plan, train_dataset
+from bertrain.data.masking import IGNORE_INDEX
+from bertrain.data.pair_audit import (AUDIT_FILE, DEFAULT_INSTANCES, PROBE_NAMES, WARNING_MARGIN, ProbeResult,
+                                      audit_pairs)
 from bertrain.errors import DataError
-from bertrain.tokenizer_file import load_tokenizer
+from bertrain.tokenizer_file import token_strings
 
 SAMPLES = 3
 MIN_COVERAGE = 0.95   # warn when the epoch's full batches hold less of the training tokens
 # Statistics cover at least this many tokens (or the whole epoch): ~3,000 masked positions, so the 80/10/10
 # shares carry ~1 point of sampling noise and the masked fraction ~0.3 point.
 MIN_STATISTICS_TOKENS = 20_000
-_PROBE_NAMES = {
-    "length_sign": "sign of len A - len B",
-    "full_length": "instance fills max_seq_length",
-    "sep_parity": "parity of the first [SEP] position",
-    "a_continues": "A starts on a continuation piece",
-    "b_continues": "B starts on a continuation piece",
-    "a_ends_sentence": "A ends on . ! ?",
-    "b_ends_sentence": "B ends on . ! ?",
-    "sep_position": "first [SEP] position",
-    "joint": "all seven features above, jointly",
-}
 
 
-def _split_config(config: Any) -> tuple[Any, int, int]:
-    """(DataConfig, seed, micro-batch size of one process) from a config file or shipped name, a
-    Config, a DataConfig, or None (the defaults)."""
-    if config is None or isinstance(config, (str, Path)):
-        config = load_config(config)
-    if hasattr(config, "data"):
-        return config.data, config.train.seed, micro_batch_size_for(config, world_size=1)
-    return config, 0, 32
+def _split_config(config: str | Path | Config | None) -> tuple[DataConfig, int, int]:
+    """(data section, seed, micro-batch size of one process) of a config, a config file or shipped name, or None
+    (the defaults)."""
+    config = config if isinstance(config, Config) else load_config(config)
+    return config.data, config.train.seed, micro_batch_size_for(config, world_size=1)
 
 
 def _label_name(objective: str, label: int) -> str:
-    if label == -100:
+    if label == IGNORE_INDEX:
         return "no sentence label: a one-sentence document, for MLM only"
     if objective == "nsp":
         return "positive: B follows A" if label == 0 else "negative: B from another document"
@@ -61,7 +50,7 @@ def _decoded(tokens: list[str], ids, original, labels, attention):
     text = Text()
     for position in range(int(attention.sum())):
         token = tokens[int(ids[position])] if int(ids[position]) < len(tokens) else f"<{int(ids[position])}>"
-        if labels[position] == -100:
+        if labels[position] == IGNORE_INDEX:
             text.append(token, style="bold" if token in ("[CLS]", "[SEP]") else "")
         elif ids[position] != original[position]:
             was = tokens[int(original[position])]
@@ -76,8 +65,7 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
     """Print decoded instances of the first batch and statistics over at least `num_batches` batches and
     MIN_STATISTICS_TOKENS tokens (or the whole epoch); return the statistics.
 
-    `config` is a training config (path or shipped name, a Config, or None for the defaults); its
-    data section, train.seed and micro-batch size (batch_size / gradient_accumulation_steps) are used.
+    Of `config` (see _split_config) the data section, train.seed and micro-batch size are used.
     """
     data_config, seed, micro_batch_size = _split_config(config)
     data_config = dataclasses.replace(data_config, path=str(data_dir), num_workers=0)
@@ -88,13 +76,12 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
     if len(plan) == 0:
         raise DataError(f"{data_dir}: the train split gives no instances at max_seq_length "
                         f"{data_config.max_seq_length}.")
-    micro_batch_size = max(1, min(micro_batch_size, len(plan)))
-    loader = build_train_loader(prepared, data_config, seed=seed, epoch=0, micro_batch_size=micro_batch_size,
-                                rank=0, world_size=1)
-    dataset = loader.dataset
+    micro_batch_size = fit_micro_batch_size(len(plan), micro_batch_size)
+    dataset = train_dataset(prepared, data_config, seed=seed, epoch=0, micro_batch_size=micro_batch_size, rank=0,
+                            world_size=1)
     split_tokens = max(prepared.manifest["splits"]["train"]["tokens"], 1)
     trained = plan.order[:len(dataset) * micro_batch_size]     # the epoch's full micro-batches
-    tokens = _token_strings(prepared)
+    tokens = token_strings(prepared.tokenizer_dir, prepared.vocab_size)
     counts = dict(instances=0, labelled=0, positives=0, eligible=0, chosen=0, masked=0, randomized=0, tokens=0, cells=0)
     lengths = []
     mask_id = prepared.special_tokens["mask"]
@@ -105,20 +92,19 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
         assembled = dataset.assemble(dataset.positions(micro_batch))
         batch = dataset.collator(assembled)
         ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
-        chosen = labels != -100
+        chosen = labels != IGNORE_INDEX
         if micro_batch == 0:
             console.rule(f"Sample instances ({data_config.objective}, {data_config.masking} masking)")
             for row in range(min(SAMPLES, len(ids))):
-                label = int(batch["sentence_label"][row]) if pairs else None
-                console.print(f"instance {row}" + (f" — {_label_name(data_config.objective, label)}" if pairs else ""),
-                              style="cyan")
+                label = f" — {_label_name(data_config.objective, int(batch['sentence_label'][row]))}" if pairs else ""
+                console.print(f"instance {row}{label}", style="cyan")
                 console.print(_decoded(tokens, ids[row], assembled.input_ids[row], labels[row],
                                        assembled.attention_mask[row]))
             console.print("legend: [MASK](original) red, random(original) yellow, predicted unchanged green",
                           style="dim", highlight=False, markup=False)
         counts["instances"] += len(ids)
         counts["positives"] += int((batch["sentence_label"] == 0).sum()) if pairs else 0
-        counts["labelled"] += int((batch["sentence_label"] != -100).sum()) if pairs else 0
+        counts["labelled"] += int((batch["sentence_label"] != IGNORE_INDEX).sum()) if pairs else 0
         counts["eligible"] += int((~assembled.special).sum())
         counts["chosen"] += int(chosen.sum())
         counts["masked"] += int((chosen & (ids == mask_id)).sum())
@@ -152,24 +138,12 @@ def show_pairs(data_dir, config, num_batches: int, console) -> dict[str, float]:
     return stats
 
 
-def _token_strings(prepared) -> list[str]:
-    """Each id's token string (`<id>` where the tokenizer cannot be read: the figures stay useful)."""
-    try:
-        vocab = load_tokenizer(prepared.tokenizer_dir).get_vocab(with_added_tokens=True)
-    except DataError:
-        vocab = {}
-    tokens = [f"<{i}>" for i in range(prepared.vocab_size)]
-    for token, token_id in vocab.items():
-        if token_id < len(tokens):
-            tokens[token_id] = token
-    return tokens
-
-
 def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_config, micro_batch_size: int,
                       whole: bool, console) -> None:
     """The realized statistics next to the configured values, with the sample they come from."""
     table = Table(title=f"Realized statistics over {counts['instances']:,} instances ({counts['tokens']:,} tokens, "
-                        f"{counts['chosen']:,} masked positions; {int(stats['batches'])} batch(es) of {micro_batch_size}{'; the whole epoch' if whole else ''})")
+                        f"{counts['chosen']:,} masked positions; {int(stats['batches'])} batch(es) of "
+                        f"{micro_batch_size}{'; the whole epoch' if whole else ''})")
     table.add_column("statistic")
     table.add_column("value", justify="right")
     table.add_column("configured", justify="right")
@@ -208,13 +182,13 @@ def print_audit(results: list[ProbeResult], objective: str, console) -> bool:
                             ("majority rate", "right"), ("margin", "right"), ("", "left")):
         table.add_column(column, justify=justify)
     for result in results:
-        table.add_row(_PROBE_NAMES.get(result.probe, result.probe), f"{result.accuracy:.3f}",
+        table.add_row(PROBE_NAMES[result.probe], f"{result.accuracy:.3f}",
                       f"{result.majority:.3f}", f"{100 * result.margin:+.1f} pts",
                       "[bold red]SHORTCUT[/]" if result.shortcut else "ok")
     console.print(table)
     leaks = [r for r in results if r.shortcut]
     if leaks:
-        named = ", ".join(f"{_PROBE_NAMES.get(r.probe, r.probe)} ({100 * r.margin:+.1f})" for r in leaks)
+        named = ", ".join(f"{PROBE_NAMES[r.probe]} ({100 * r.margin:+.1f})" for r in leaks)
         console.print(f"[bold red]WARNING:[/] surface features predict the {objective.upper()} label more than "
                       f"{100 * WARNING_MARGIN:.0f} points above the majority rate: {escape(named)}. The sentence "
                       f"head can learn this shortcut instead of discourse, and its accuracy overstates what it "
@@ -236,4 +210,9 @@ def show_audit(data_dir, config, console, instances: int = DEFAULT_INSTANCES) ->
     results = audit_pairs(open_prepared(data_dir), data_config, seed=seed, micro_batch_size=micro_batch_size,
                           instances=instances)
     print_audit(results, data_config.objective, console)
+    table = [{"feature": PROBE_NAMES.get(r.probe, r.probe), "accuracy": r.accuracy, "majority": r.majority,
+              "shortcut": r.shortcut} for r in results]
+    with contextlib.suppress(OSError):  # a read-only DATA_DIR: the table was printed, the report goes without it
+        (Path(data_dir) / AUDIT_FILE.format(objective=data_config.objective)).write_text(json.dumps(
+            {"max_seq_length": data_config.max_seq_length, "held_out": results[0].held_out_instances, "probes": table}))
     return results

@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from bertrain.batch_layout import map_tensors
+from bertrain.config import MAX_AUTO_WORKERS
 from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import AssembledBatch, Collator, MaskingSettings, instance_keys, word_start_table
-from bertrain.data.pairs import EpochPlan, SplitIndex, build_plan, gather_tokens, index_split
+from bertrain.data.pairs import EpochPlan, build_plan
+from bertrain.data.split_index import SplitIndex, gather_tokens, index_split
 from bertrain.errors import DataError, UsageError
 
 _KEY_STREAMS = {"train": 1, "validation": 2}
@@ -70,7 +73,7 @@ def masking_settings(prepared: PreparedData, data_config) -> MaskingSettings:
                            word_start=word_start)
 
 
-def _check_layout(micro_batch_size: int, rank: int, world_size: int) -> None:
+def _check_ranks(micro_batch_size: int, rank: int, world_size: int) -> None:
     if micro_batch_size < 1:
         raise UsageError(f"The micro-batch size must be at least 1, got {micro_batch_size}.")
     if world_size < 1 or not 0 <= rank < world_size:
@@ -81,12 +84,11 @@ class MicroBatchDataset:
     """Map-style dataset: item m is this rank's part of global micro-batch m of one epoch."""
 
     def __init__(self, prepared: PreparedData, data_config, plan: EpochPlan, settings: MaskingSettings, *,
-                 split: str, seed: int, epoch: int, micro_batch_size: int, rank: int, world_size: int,
-                 layout: Callable | None = None):
+                 split: str, seed: int, epoch: int, micro_batch_size: int, rank: int, world_size: int):
         self.data_path = prepared.path
         self.split_name = split
         self.plan = plan
-        self.collator = Collator(settings, layout)
+        self.collator = Collator(settings)
         self.special_tokens = prepared.special_tokens
         self.pairs = data_config.objective != "none"
         self.max_seq_length = data_config.max_seq_length
@@ -145,11 +147,6 @@ class MicroBatchDataset:
         return self.collator(self.assemble(self.positions(micro_batch)))
 
 
-def pinned(batch: dict[str, Any]) -> dict[str, Any]:
-    """The batch in page-locked memory (each value's pin_memory(), the layout's included)."""
-    return {key: value.pin_memory() for key, value in batch.items()}
-
-
 class MicroBatchLoader:
     """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers (training
     runs use train/stream.py's TrainStream, which also pins batches for a CUDA device)."""
@@ -172,7 +169,7 @@ def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory:
     if num_workers <= 0:
         for key in keys:
             batch = dataset[key]
-            yield pinned(batch) if pin_memory else batch
+            yield map_tensors(batch, lambda t: t.pin_memory()) if pin_memory else batch
         return
     from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
 
@@ -183,14 +180,14 @@ def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory:
 
 def worker_count(setting: int | str, device_type: str) -> int:
     """`data.num_workers` as a number: `auto` is 0 on a CPU (workers would take the model's cores) and, on an
-    accelerator, the cores this process may use, one kept for the training loop, at most 4."""
+    accelerator, the cores this process may use, one kept for the training loop, at most MAX_AUTO_WORKERS."""
     if setting != "auto":
         return int(setting)
     if device_type == "cpu":
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     processes_here = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)  # set by torchrun / accelerate launch
-    return max(0, min(4, cores // processes_here - 1))
+    return max(0, min(MAX_AUTO_WORKERS, cores // processes_here - 1))
 
 
 class RunDataset:
@@ -199,9 +196,9 @@ class RunDataset:
     when it first meets the epoch)."""
 
     def __init__(self, prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
-                 world_size: int, layout: Callable | None = None):
-        _check_layout(micro_batch_size, rank, world_size)
-        self.prepared, self.data_config, self.seed, self.layout = prepared, data_config, seed, layout
+                 world_size: int):
+        _check_ranks(micro_batch_size, rank, world_size)
+        self.prepared, self.data_config, self.seed = prepared, data_config, seed
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self._epoch: MicroBatchDataset | None = None
 
@@ -210,7 +207,7 @@ class RunDataset:
         if self._epoch is None or self._epoch.epoch != epoch:
             self._epoch = train_dataset(self.prepared, self.data_config, seed=self.seed, epoch=epoch,
                                         micro_batch_size=self.micro_batch_size, rank=self.rank,
-                                        world_size=self.world_size, layout=self.layout)
+                                        world_size=self.world_size)
         return self._epoch[micro_batch]
 
     def __getstate__(self) -> dict:
@@ -226,31 +223,35 @@ class RunDataset:
 def num_micro_batches(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
                       world_size: int) -> int:
     """Micro-batches per rank in an epoch (the same on every rank)."""
-    _check_layout(micro_batch_size, 0, world_size)
+    _check_ranks(micro_batch_size, 0, world_size)
     return len(epoch_plan(prepared, data_config, seed=seed, epoch=epoch)) // (micro_batch_size * world_size)
 
 
 def train_dataset(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int, rank: int,
-                  world_size: int, layout: Callable | None = None) -> MicroBatchDataset:
+                  world_size: int) -> MicroBatchDataset:
     """This rank's micro-batches of an epoch as a map-style dataset; refuses an epoch with none."""
-    _check_layout(micro_batch_size, rank, world_size)
+    _check_ranks(micro_batch_size, rank, world_size)
     plan = epoch_plan(prepared, data_config, seed=seed, epoch=epoch)
     dataset = MicroBatchDataset(prepared, data_config, plan, masking_settings(prepared, data_config), split="train",
                                 seed=seed, epoch=epoch, micro_batch_size=micro_batch_size, rank=rank,
-                                world_size=world_size, layout=layout)
+                                world_size=world_size)
     if len(dataset) == 0:
-        raise DataError(f"{prepared.path}: the train split gives {len(plan)} instances, fewer than one global "
-                        f"micro-batch of {micro_batch_size * world_size}. Use more data or a smaller batch.")
+        raise empty_epoch_error(prepared, len(plan), micro_batch_size, world_size)
     return dataset
 
 
+def empty_epoch_error(prepared: PreparedData, instances: int, micro_batch_size: int, world_size: int) -> DataError:
+    """The error for a training epoch with no complete global micro-batch (the trainer's and the loader's)."""
+    return DataError(f"{prepared.path}: the training split yields no complete micro-batch of {micro_batch_size} x "
+                     f"{world_size} instances (it has {instances}). Use a smaller train.batch_size or more data.")
+
+
 def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
-                       rank: int, world_size: int, start_micro_batch: int = 0,
-                       layout: Callable | None = None) -> MicroBatchLoader:
+                       rank: int, world_size: int, start_micro_batch: int = 0) -> MicroBatchLoader:
     """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1), for CPU-side tools
-    (`num_workers: auto` is 0 here). `layout`: see Collator."""
+    (`num_workers: auto` is 0 here)."""
     dataset = train_dataset(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
-                            rank=rank, world_size=world_size, layout=layout)
+                            rank=rank, world_size=world_size)
     total = len(dataset)
     if not 0 <= start_micro_batch <= total:
         raise UsageError(f"Cannot start epoch {epoch} at micro-batch {start_micro_batch}: it has {total}.")
@@ -262,7 +263,7 @@ def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, m
     """Up to `max_batches` validation micro-batches with fixed masks (identical every evaluation).
     Empty (len 0) when the data has no validation documents. `num_workers: auto` is 0 here: workers would
     start anew for a few batches at every evaluation."""
-    _check_layout(micro_batch_size, rank, world_size)
+    _check_ranks(micro_batch_size, rank, world_size)
     entry = prepared.manifest.get("splits", {}).get("validation")
     empty = MicroBatchLoader(None, 0, 0)  # type: ignore[arg-type]
     if not entry or not entry.get("documents"):

@@ -19,15 +19,15 @@ the 80/10/10 decision is made once per unit (per word in the word modes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
+from bertrain.batch_layout import IGNORE_INDEX, batch_layout
 from bertrain.errors import DataError
 from bertrain.special_tokens import SPECIAL_IDS, WORD_MARKERS
+from bertrain.tokenizer_file import load_tokenizer
 
-IGNORE_INDEX = -100
 FIRST_REGULAR_ID = max(SPECIAL_IDS.values()) + 1   # the special tokens come first in both tokenizer kinds
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -42,7 +42,7 @@ STREAM_CHOOSE, STREAM_ACTION, STREAM_RANDOM_ID, STREAM_PRIORITY, STREAM_SPAN = r
 def mask_tokens(input_ids, special_tokens_mask, vocab_size: int, mask_token_id: int, generator,
                 mlm_probability: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1, *,
                 pad_token_id: int = SPECIAL_IDS["pad"], first_regular_id: int = FIRST_REGULAR_ID):
-    """BERT masking of a [B, T] batch: returns (masked input_ids, labels with -100 where not chosen).
+    """BERT masking of a [B, T] batch: returns (masked input_ids, labels: IGNORE_INDEX where not chosen).
 
     Chosen: each non-special, non-padding position with probability `mlm_probability`; of those,
     `mask_prob` become [MASK], `random_prob` a random non-special id (>= first_regular_id), the rest stay.
@@ -59,11 +59,6 @@ def mask_tokens(input_ids, special_tokens_mask, vocab_size: int, mask_token_id: 
     masked = torch.where(chosen & (action < mask_prob), torch.full_like(input_ids, mask_token_id), input_ids)
     masked = torch.where(chosen & (action >= mask_prob) & (action < mask_prob + random_prob), random_ids, masked)
     return masked, labels
-
-
-# ----------------------------------------------------------------------------------------------
-# Counter-based randomness
-# ----------------------------------------------------------------------------------------------
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -101,11 +96,6 @@ def keyed_uniform(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarra
     return keyed_bits(keys, units, stream).astype(np.float64) * _TO_UNIT
 
 
-# ----------------------------------------------------------------------------------------------
-# Words
-# ----------------------------------------------------------------------------------------------
-
-
 def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vocab_size: int) -> np.ndarray:
     """[vocab] bool: does this token start a word? From the tokenizer's vocab and its word marker."""
     expected = WORD_MARKERS.get(kind)
@@ -116,10 +106,10 @@ def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vo
         raise DataError(f"The manifest's tokenizer.word_marker is {word_marker!r}, but a {kind} tokenizer marks "
                         f"words with {expected!r}. Prepare the data again, or use data.masking: token.")
     try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    except Exception as error:  # missing or unreadable tokenizer.json
-        raise DataError(f"Cannot read the tokenizer {tokenizer_file} ({error}); whole-word and n-gram "
-                        f"masking need it. Prepare the data again, or use data.masking: token.") from None
+        tokenizer = load_tokenizer(tokenizer_file)
+    except DataError as error:
+        raise DataError(f"{error} Whole-word and n-gram masking need it: prepare the data again, or use "
+                        f"data.masking: token.") from None
     # By id, not via get_vocab(): a vocab may hold the same string twice, and every id needs an entry.
     size = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
     table = np.ones(size, dtype=bool)
@@ -147,11 +137,6 @@ def ngram_start_probability(mlm_probability: float, ngram_max: int) -> float:
         covered = 1.0 - np.prod(1.0 - q * longer)
         low, high = (q, high) if covered < mlm_probability else (low, q)
     return (low + high) / 2
-
-
-# ----------------------------------------------------------------------------------------------
-# The collator's keyed masking
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -266,15 +251,11 @@ class AssembledBatch:
 
 
 class Collator:
-    """Masks an assembled batch and returns the training dict of int64 tensors.
+    """Masks an assembled batch and returns the training dict of int64 tensors, with its BatchLayout under
+    "layout" (computed here on the host, so the step never reads the masks back from the device)."""
 
-    `layout(attention_mask, labels, sentence_label)`, when given (the trainer passes the model's
-    batch_layout), adds what the step needs to know about the masks as key "layout", computed here
-    on the host so the step never reads it back from the device."""
-
-    def __init__(self, settings: MaskingSettings, layout: Callable | None = None):
+    def __init__(self, settings: MaskingSettings):
         self.settings = settings
-        self.layout = layout
 
     def __call__(self, batch: AssembledBatch) -> dict[str, Any]:
         import torch  # seconds to import: only the tensors handed to training need it
@@ -286,6 +267,5 @@ class Collator:
                "labels": torch.from_numpy(labels.astype(np.int64, copy=False))}
         if batch.sentence_label is not None:
             out["sentence_label"] = torch.from_numpy(batch.sentence_label.astype(np.int64))
-        if self.layout is not None:
-            out["layout"] = self.layout(batch.attention_mask, labels, batch.sentence_label)
+        out["layout"] = batch_layout(batch.attention_mask, labels, batch.sentence_label)
         return out

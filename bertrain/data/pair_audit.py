@@ -1,25 +1,12 @@
 """Shortcut audit of NSP / SOP pairs: can surface features alone predict the sentence label?
 
-The sentence head should need the text to tell a positive from a negative. This probe reads real
-training batches of the configured objective (the loader's micro-batches as assembled before MLM
-masking, which never looks at the sentence label), extracts features that need no understanding of the
-text, fits a table lookup on the instances of half of the documents and scores it on those of the
-other half. A probe that beats the held-out majority-label rate by more than `WARNING_MARGIN` is a
-shortcut. Holding out whole documents (not instances) matters on a small corpus read for many epochs:
-the same sentences come back every epoch, and a fine-grained feature (the [SEP] position) would
-otherwise memorize which sentence opens which document instead of measuring a shortcut.
-
-Features (per instance, from [CLS] A [SEP] B [SEP]):
-  length_sign      sign(len A - len B)
-  full_length      the instance fills max_seq_length
-  sep_parity       parity of the first [SEP] position
-  a_continues      A starts on a continuation piece (WordPiece "##", Unigram: no leading "▁")
-  b_continues      B starts on a continuation piece
-  a_ends_sentence  A ends on a piece ending in . ! or ?
-  b_ends_sentence  B ends on such a piece
-  sep_position     the first [SEP] position itself (its own lookup table)
-  joint            the tuple of the seven features above (one table, majority fallback for unseen cells)
-Instances whose sentence label is -100 (no sentence label) are left out.
+The sentence head should need the text to tell a positive from a negative. The audit reads real training
+batches of the configured objective (before MLM masking, which never looks at the label), extracts features
+that need no understanding of the text (PROBE_NAMES), fits a table lookup on the instances of half of the
+documents and scores it on the other half; a probe beating the held-out majority rate by more than
+`WARNING_MARGIN` is a shortcut. Whole documents are held out because a small corpus read for many epochs
+repeats its sentences, and a fine-grained feature (the [SEP] position) would otherwise memorize documents.
+Instances without a sentence label (-100) are left out.
 """
 
 from __future__ import annotations
@@ -29,15 +16,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertrain.config import fit_micro_batch_size
 from bertrain.data.format import PreparedData
-from bertrain.data.loader import build_train_loader
-from bertrain.data.masking import splitmix64, word_start_table
+from bertrain.data.loader import epoch_plan, masking_settings, train_dataset
+from bertrain.data.masking import IGNORE_INDEX, splitmix64
 from bertrain.errors import DataError
 from bertrain.tokenizer_file import load_tokenizer
 
-JOINT_FEATURES = ("length_sign", "full_length", "sep_parity", "a_continues", "b_continues", "a_ends_sentence",
-                  "b_ends_sentence")
-PROBES = JOINT_FEATURES + ("sep_position", "joint")
+# The features of [CLS] A [SEP] B [SEP] (a continuation piece: WordPiece "##", Unigram without "▁").
+PROBE_NAMES = {
+    "length_sign": "sign of len A - len B",
+    "full_length": "instance fills max_seq_length",
+    "sep_parity": "parity of the first [SEP] position",
+    "a_continues": "A starts on a continuation piece",
+    "b_continues": "B starts on a continuation piece",
+    "a_ends_sentence": "A ends on . ! ?",
+    "b_ends_sentence": "B ends on . ! ?",
+    "sep_position": "first [SEP] position",
+    "joint": "all seven features above, jointly",
+}
+PROBES = tuple(PROBE_NAMES)
+JOINT_FEATURES = PROBES[:7]
+AUDIT_FILE = "pair_audit-{objective}.json"  # DATA_DIR's last audit per objective, for `bertrain report`
 WARNING_MARGIN = 0.02
 # 10,000 held-out instances: the standard error of an accuracy near 50% is 0.5 points, so the
 # 2-point warning margin is 4 standard errors (a chance false alarm has probability ~3e-5).
@@ -70,18 +70,13 @@ class ProbeResult:
         return self.margin > WARNING_MARGIN
 
 
-def piece_tables(prepared: PreparedData) -> tuple[np.ndarray, np.ndarray]:
+def piece_tables(prepared: PreparedData, data_config) -> tuple[np.ndarray, np.ndarray]:
     """([vocab] bool continuation piece, [vocab] bool ends in . ! ?) from the prepared tokenizer."""
-    tokenizer_info = prepared.manifest.get("tokenizer", {})
-    kind = tokenizer_info.get("kind")
-    path = prepared.tokenizer_dir / "tokenizer.json"
-    continuation = ~word_start_table(str(path), kind, tokenizer_info.get("word_marker"), prepared.vocab_size)
-    tokenizer = load_tokenizer(path)
-    final = np.zeros(len(continuation), dtype=bool)
-    for token_id in range(len(final)):
-        token = tokenizer.id_to_token(token_id)
-        final[token_id] = token is not None and token.endswith(_SENTENCE_FINAL)
-    return continuation, final
+    word_start = masking_settings(prepared, dataclasses.replace(data_config, masking="whole_word")).word_start
+    tokenizer = load_tokenizer(prepared.tokenizer_dir)
+    final = np.array([(tokenizer.id_to_token(token_id) or "").endswith(_SENTENCE_FINAL)
+                      for token_id in range(len(word_start))])
+    return ~word_start, final
 
 
 def surface_features(input_ids: np.ndarray, attention_mask: np.ndarray, *, sep_id: int, max_seq_length: int,
@@ -110,7 +105,7 @@ def collect_features(prepared: PreparedData, data_config, *, seed: int, micro_ba
     if data_config.objective not in ("nsp", "sop"):
         raise DataError(f"The pair audit needs data.objective nsp or sop, not {data_config.objective!r}.")
     data_config = dataclasses.replace(data_config, num_workers=0)
-    continuation, final = piece_tables(prepared)
+    continuation, final = piece_tables(prepared, data_config)
     sep_id = prepared.special_tokens["sep"]
     parts: list[dict[str, np.ndarray]] = []
     labels: list[np.ndarray] = []
@@ -123,7 +118,7 @@ def collect_features(prepared: PreparedData, data_config, *, seed: int, micro_ba
         for micro_batch in range(len(dataset)):
             positions = dataset.positions(micro_batch)
             batch = dataset.assemble(positions)      # the training micro-batch before masking
-            keep = batch.sentence_label != -100
+            keep = batch.sentence_label != IGNORE_INDEX
             parts.append(surface_features(batch.input_ids[keep], batch.attention_mask[keep], sep_id=sep_id,
                                           max_seq_length=data_config.max_seq_length, continuation=continuation,
                                           sentence_final=final))
@@ -139,14 +134,10 @@ def collect_features(prepared: PreparedData, data_config, *, seed: int, micro_ba
 
 
 def _epoch_batches(prepared: PreparedData, data_config, seed: int, epoch: int, micro_batch_size: int):
-    """The epoch's training micro-batches of one process; one smaller micro-batch when the epoch has fewer
-    instances than `micro_batch_size` (a small corpus), so that it still yields pairs."""
-    dataset = build_train_loader(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
-                                 rank=0, world_size=1).dataset
-    if len(dataset) == 0 and len(dataset.plan):
-        dataset = build_train_loader(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=len(dataset.plan),
-                                     rank=0, world_size=1).dataset
-    return dataset
+    """The epoch's training micro-batches of one process (one smaller micro-batch on a small corpus)."""
+    instances = len(epoch_plan(prepared, data_config, seed=seed, epoch=epoch))
+    return train_dataset(prepared, data_config, seed=seed, epoch=epoch, rank=0, world_size=1,
+                         micro_batch_size=fit_micro_batch_size(instances, micro_batch_size))
 
 
 def fit_documents(documents: np.ndarray) -> np.ndarray:

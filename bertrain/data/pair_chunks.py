@@ -4,12 +4,10 @@ starts in each, and the random B of NSP negatives (see bertrain.data.pairs for t
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # pairs imports this module; the index type is only named here
-    from bertrain.data.pairs import SplitIndex
+from bertrain.data.split_index import SplitIndex
 
 RANDOM_B_DRAWS = 100
 
@@ -45,8 +43,7 @@ def split_long_sentences(index: SplitIndex, max_tokens: int, rng: np.random.Gene
 
 
 def _search(sorted_values: np.ndarray, queries: np.ndarray, side: str) -> np.ndarray:
-    """np.searchsorted with the queries sorted first, so that each search starts from the previous
-    answer: ~10x faster on random-document starts."""
+    """np.searchsorted of the queries sorted first, each search starting from the last answer: ~10x faster."""
     order = np.argsort(queries, kind="stable")
     found = np.empty(len(queries), np.int64)
     found[order] = np.searchsorted(sorted_values, queries[order], side=side)

@@ -1,53 +1,37 @@
 """NSP / SOP epoch plans: which token spans form each instance, computed per (seed, epoch).
 
-Pairs are never written to disk. An epoch's plan is a handful of numpy arrays with one entry per
-instance (token spans of segment A and B, sentence label, source documents), built vectorized from
-the sentence and document offsets of every shard of a split; an instance is then assembled in O(1)
-from the memory-mapped tokens (`gather_tokens`). Memory is proportional to sentences + instances,
-never to tokens.
+Pairs are never written to disk. An epoch's plan is a few numpy arrays with one entry per instance (spans of
+segments A and B, sentence label, documents), built vectorized from the sentence and document offsets of a split
+(split_index.py); an instance is then assembled in O(1) from the memory-mapped tokens. Memory is proportional to
+sentences + instances, never to tokens.
 
-The algorithm is Google's `create_instances_from_document` (BERT's create_pretraining_data.py),
-vectorized *across documents*: each iteration of the loop in `pair_chunks.plan_chunks` advances every
-document (window) by one chunk at once, so the Python loop runs max-chunks-per-window times, not once
-per chunk. Where it differs from Google's, on purpose:
-  * the short target (`short_seq_prob`) is drawn per chunk; Google draws it once per document, so
-    a "short" document makes all its chunks short (and the realized share of short instances is
-    not `short_seq_prob`).
-  * documents are chunked in windows of at most `WINDOW_SENTENCES` sentences (a chunk never
-    crosses a window edge; a long document is cut into windows of equal size), which bounds the
-    loop length for book-length documents; windows are planned in blocks of about a million
-    sentences, which bounds the scratch memory.
-  * every token of the split is in an instance of every epoch (Google's trimming past the target lost
-    9-26% of them per epoch on CPython's docs). A sentence longer than an instance is cut into
-    pieces of near-equal length, each an instance alone with no sentence label (a pair with a piece
-    would start or end inside a sentence). A chunk takes sentences until its target but never one
-    that does not fit; only two whole sentences that do not fit together are truncated, and then the
-    one away from the cursor loses the excess: it starts the next chunk again (or was read before).
+The algorithm is Google's `create_instances_from_document` (BERT's create_pretraining_data.py), vectorized across
+documents: each iteration of `pair_chunks.plan_chunks` advances every document window by one chunk. Where it
+differs from Google's, on purpose:
+  * the short target (`short_seq_prob`) is drawn per chunk, not per document (else the realized share of short
+    instances is not `short_seq_prob`);
+  * documents are chunked in windows of at most `WINDOW_SENTENCES` sentences (equal-sized, a chunk never crosses
+    one), planned in blocks of about a million sentences: bounded loop length and scratch memory;
+  * every token of the split is in an instance of every epoch (Google's trimming past the target lost 9-26% per
+    epoch on CPython's docs). A sentence longer than an instance is cut into near-equal pieces, each an instance
+    alone with no sentence label. A chunk takes sentences until its target but never one that does not fit; only
+    two whole sentences that do not fit together are truncated: the one away from the cursor loses the excess
+    (the next chunk starts with it again, or the last one had it);
   * no surface feature reveals the label (`bertrain inspect DATA_DIR --pairs --audit` measures it,
     tests/test_pair_audit.py holds it within 2 points of chance). Google's rules leak it:
-      - A and B are whole sentences: the chunk is chosen first (at least two sentences), then A takes
-        its sentences until a budget uniform over the chunk less its last sentence, B the rest.
-        Google splits a chunk of one sentence at a random token, so "B starts inside a word" and "A
-        ends without . ! ?" meant positive (SOP after the swap: A starts inside a word = negative).
-      - SOP: a negative swaps A and B *before* truncation (as Google's ALBERT code does). Windows are
-        walked forward or backward (a coin per window, B taking the budget backward), so the segment
-        that is the budget's, or loses the excess, is A or B alike.
-      - NSP: a negative's B is made by the rule that made the positive's B it replaces, from another
-        document (see `pair_chunks.random_b`): as the rest of a chunk from a uniform sentence, at the
-        end of a document where the positive's ended with its document, one sentence too long to fit
-        where the positive's did not fit. Google's random B
-        fills the target from a uniform document, so short documents made negatives short, and
-        negatives were longer where positives ended with their document.
-      - one-sentence documents (windows) have no second segment: they are cut at a uniform token and
-        get sentence label -100 (no sentence loss; they still train MLM). Google makes them NSP
-        negatives, so the label leaks through "A is a whole short document".
-  * NSP: the random document is never A's own (Google retries 10 times and can end up with the same
-    document). The put-back of a negative's unused sentences (the chunk's B part is reconsidered for
-    the next chunk) is kept as Google does.
-  * SOP never gets a random-document B (ALBERT's code leaks NSP negatives into SOP for chunks of
-    one sentence).
-Label convention (transformers): 0 = positive (B follows A), 1 = negative (random B / swapped),
--100 = no sentence label (ignored by the sentence loss and accuracy).
+      - A and B are whole sentences: the chunk is chosen first (at least two sentences), then A takes its
+        sentences up to a budget uniform over the chunk less its last sentence, B the rest. Google splits a
+        one-sentence chunk at a random token, so "B starts inside a word" and "A ends without . ! ?" meant positive.
+      - SOP: a negative swaps A and B *before* truncation (as ALBERT's code does); windows are walked forward or
+        backward (a coin each), so the segment that is the budget's, or loses the excess, is A or B alike.
+      - NSP: a negative's B is made by the rule that made the positive's B it replaces, from another document
+        (`pair_chunks.random_b`): the rest of a chunk from a uniform sentence, at the end of a document where the
+        positive's ended with its document, one sentence too long to fit where the positive's did not fit.
+      - one-sentence windows have no second segment: they are cut at a uniform token and get sentence label -100
+        (MLM only); Google makes them NSP negatives, so "A is a whole short document" gave the label away.
+  * NSP: the random document is never A's own (Google retries 10 times); the put-back of a negative's unused
+    sentences is kept as Google does. SOP never gets a random-document B (ALBERT's code does for one-sentence chunks).
+Label convention (transformers): 0 = positive (B follows A), 1 = negative (random B / swapped), -100 = no label.
 """
 
 from __future__ import annotations
@@ -56,59 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bertrain.data.format import Split
 from bertrain.data.pair_chunks import plan_chunks, random_b, split_long_sentences, uniform_int
+from bertrain.data.split_index import SplitIndex
 from bertrain.errors import DataError
 
 WINDOW_SENTENCES = 1024
 BLOCK_SENTENCES = 1 << 20
 _SPLIT_TAGS = {"train": 0, "validation": 1}
-
-
-@dataclass
-class SplitIndex:
-    """Offsets of all shards of a split in one global token space: shards back to back, so the
-    global position of sentence i is the number of tokens before it, sentence_cum[i]."""
-
-    sentence_cum: np.ndarray     # [S + 1] int64 tokens before each sentence (lengths' cumulative sum)
-    document_first: np.ndarray   # [D + 1] int64 global sentence index where each document starts
-    token_base: np.ndarray       # [K + 1] int64 global position of each shard's first token
-
-    @property
-    def sentence_start(self) -> np.ndarray:
-        """[S] global token position of each sentence (a view, no copy)."""
-        return self.sentence_cum[:-1]
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.document_first) - 1
-
-    @property
-    def num_sentences(self) -> int:
-        return len(self.sentence_cum) - 1
-
-
-def index_split(split: Split) -> SplitIndex:
-    """Read the (small) offset arrays of every shard into one global index, checking them."""
-    lengths, firsts, bases = [], [np.zeros(1, np.int64)], [0]
-    sentence_base = 0
-    for shard in split.shards:
-        offsets = np.asarray(shard.sentence_offsets, dtype=np.int64)
-        documents = np.asarray(shard.document_offsets, dtype=np.int64)
-        length = np.diff(offsets)
-        if (len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(shard.tokens) or (length < 0).any()
-                or len(documents) == 0 or documents[0] != 0 or documents[-1] != len(offsets) - 1
-                or (np.diff(documents) < 0).any()):
-            raise DataError(f"Shard {split.name}/{shard.name}: its sentence or document offsets are not "
-                            f"increasing from 0 to the end of the shard (damaged file). Run `bertrain prepare` "
-                            f"again to rebuild it.")
-        lengths.append(length)
-        firsts.append(documents[1:] + sentence_base)
-        sentence_base += len(offsets) - 1
-        bases.append(bases[-1] + len(shard.tokens))
-    length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    return SplitIndex(np.concatenate([[0], np.cumsum(length)]).astype(np.int64),
-                      np.concatenate(firsts).astype(np.int64), np.asarray(bases, dtype=np.int64))
 
 
 @dataclass
@@ -254,21 +192,3 @@ def _kept(keep: np.ndarray, a_start, a_length, b_start, b_length, label, documen
     return {"a_start": a_start[kept], "a_length": a_length[kept].astype(np.int32), "b_start": b_start[kept],
             "b_length": b_length[kept].astype(np.int32), "sentence_label": label[kept], "document": document[kept],
             "b_document": b_document[kept], "target": target[kept].astype(np.int32)}
-
-
-def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Token ids (int64) at global token positions (any shape), read from the memory-mapped shards."""
-    flat = positions.reshape(-1)
-    shard = np.searchsorted(token_base, flat, side="right") - 1
-    if len(flat) == 0 or shard.min() == shard.max():
-        k = int(shard[0]) if len(flat) else 0
-        return shards_tokens[k][flat - token_base[k]].astype(np.int64).reshape(positions.shape)
-    # Group positions by shard with a radix-friendly stable sort, then one fancy read per shard.
-    shard = shard.astype(np.int16 if len(shards_tokens) < 2**15 else np.int32)
-    order = np.argsort(shard, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(shard, minlength=len(shards_tokens)))])
-    out = np.empty(flat.shape, dtype=np.int64)
-    for k in np.flatnonzero(np.diff(bounds)):
-        rows = order[bounds[k]:bounds[k + 1]]
-        out[rows] = shards_tokens[k][flat[rows] - token_base[k]]
-    return out.reshape(positions.shape)

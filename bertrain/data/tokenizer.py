@@ -8,10 +8,9 @@ holds tokenizer.json plus the small wrapper files transformers.AutoTokenizer nee
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -39,9 +38,9 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     `alphabet` (characters of the raw training text) fixes WordPiece's "##x" ids up front;
     `trainer_size` is the vocabulary the trainer is asked for (default: config.vocab_size).
     """
-    specials = list(SPECIAL_TOKENS[config.kind].values())
+    specials, unk = list(SPECIAL_TOKENS[config.kind].values()), SPECIAL_TOKENS[config.kind]["unk"]
     if config.kind == "wordpiece":
-        tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIAL_TOKENS["wordpiece"]["unk"], max_input_chars_per_word=100))
+        tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
         tokenizer.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=_strip_accents(config),
             lowercase=config.lowercase)
@@ -77,8 +76,8 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
     tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="first")
     trainer = trainers.UnigramTrainer(
-        vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials, unk_token=SPECIAL_TOKENS["unigram"]["unk"],
-        max_piece_length=16, show_progress=False)
+        vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials,
+        unk_token=unk, max_piece_length=16, show_progress=False)
     return tokenizer, trainer
 
 
@@ -109,36 +108,17 @@ def add_post_processor(tokenizer: Any, cls_token: str, sep_token: str) -> None:
         special_tokens=[(cls_token, cls_id), (sep_token, sep_id)])
 
 
-def _iter_texts(texts_or_files: Any, max_bytes: int) -> Iterator[str]:
-    """Texts from strings or file paths (a line at a time), stopping after max_bytes characters."""
-    if isinstance(texts_or_files, (str, Path)):
-        texts_or_files = [texts_or_files]
-
-    def texts() -> Iterator[str]:
-        for item in texts_or_files:
-            if isinstance(item, Path) or (isinstance(item, str) and "\n" not in item and os.path.isfile(item)):
-                with open(item, encoding="utf-8", errors="replace") as handle:
-                    yield from handle
-            else:
-                yield item
-
-    used = 0
-    for text in texts():
-        yield text
-        used += len(text)
-        if used >= max_bytes:
-            return
-
-
-def _spool(texts_or_files: Any, max_bytes: int, path: Path) -> tuple[int, set[str]]:
-    """Write the training text (at most max_bytes characters) to a file; return (chars, alphabet)."""
+def _spool(texts: Iterable[str], max_bytes: int, path: Path) -> tuple[int, set[str]]:
+    """Write the texts to a file, up to the one that reaches max_bytes characters; return (chars, alphabet)."""
     chars = 0
     alphabet: set[str] = set()
     with open(path, "w", encoding="utf-8") as handle:
-        for text in _iter_texts(texts_or_files, max_bytes):
+        for text in texts:
             handle.write(text if text.endswith("\n") else text + "\n")
             chars += len(text)
             alphabet.update(text)
+            if chars >= max_bytes:
+                break
     return chars, alphabet
 
 
@@ -220,9 +200,9 @@ def _train_on_spool(config: TokenizerConfig, alphabet: set[str], spool: Path, ch
     return tokenizer
 
 
-def train_tokenizer(texts_or_files: Any, tokenizer_config: TokenizerConfig, out_dir: str | Path,
+def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out_dir: str | Path,
                     validation_texts: Optional[Iterable[str]] = None) -> dict[str, Any]:
-    """Train a tokenizer on texts (strings, or paths of text files), save it to out_dir; return stats.
+    """Train a tokenizer on texts, save it to out_dir; return stats.
 
     At most `tokenizer_config.max_bytes` characters are used. With `validation_texts`, the stats
     include the unknown-token rate and tokens per word on them.
@@ -236,7 +216,7 @@ def train_tokenizer(texts_or_files: Any, tokenizer_config: TokenizerConfig, out_
     start = time.perf_counter()
     try:
         # Spooling to a file lets the (parallel) file trainer run and gives the alphabet up front.
-        chars, alphabet = _spool(texts_or_files, config.max_bytes, spool)
+        chars, alphabet = _spool(texts, config.max_bytes, spool)
         if chars == 0:
             raise DataError("No text to train the tokenizer on: every document was empty or skipped.")
         tokenizer = _train_on_spool(config, alphabet, spool, chars)

@@ -21,17 +21,18 @@ __all__ = ["build_model", "save_weights", "load_weights", "unwrap",
            "PreTrainingModel", "PreTrainingOutput", "BertPreTrainingModel", "AlbertPreTrainingModel"]
 
 
-def build_model(model_config) -> PreTrainingModel:
-    """A freshly initialized BERT or ALBERT for `model_config` (its vocab_size must be set)."""
+def build_model(model_config, **options) -> PreTrainingModel:
+    """A freshly initialized BERT or ALBERT for `model_config` (its vocab_size must be set); `options`: the
+    forward's switches (PreTrainingModel)."""
     c = model_config
     if c.vocab_size is None:
         raise ConfigError("model.vocab_size is not set: take it from the prepared data's manifest "
                           "(the trainer does) or set it, e.g. --set model.vocab_size=30522.")
     validate_model(c)  # a hand-built ModelConfig gets the checks a loaded config got
     if c.type == "albert":
-        return AlbertPreTrainingModel(c)
+        return AlbertPreTrainingModel(c, **options)
     if c.type == "bert":
-        return BertPreTrainingModel(c)
+        return BertPreTrainingModel(c, **options)
     raise ConfigError(f"model.type must be 'bert' or 'albert', not {c.type!r}.")
 
 

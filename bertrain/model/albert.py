@@ -30,14 +30,15 @@ class AlbertEncoder(nn.Module):
         return [layer for step in range(self.num_steps)
                 for layer in self.groups[step * len(self.groups) // self.num_steps]]
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, checkpointing: bool = False,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embedding_to_hidden(x)  # [B, T, E] → [B, T, H]
-        return run_steps(self.steps(), x, mask, checkpointing, rows)
+    def forward(self, x: torch.Tensor, where, checkpointing: bool = False, rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """`where`, `rows`: see EncoderLayer.forward."""
+        x = self.embedding_to_hidden(x)  # [B, T, E] → [B, T, H] (packed: [N, E] → [N, H])
+        return run_steps(self.steps(), x, where, checkpointing, rows)
 
 
 class AlbertPreTrainingModel(PreTrainingModel):
     """ALBERT (Lan et al. 2019) with MLM and SOP heads, weights laid out like AlbertForPreTraining."""
 
-    def __init__(self, config):
-        super().__init__(config, AlbertEncoder)
+    def __init__(self, config, **options):
+        super().__init__(config, AlbertEncoder, **options)

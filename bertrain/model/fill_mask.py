@@ -16,12 +16,15 @@ from tokenizers import Encoding, Tokenizer
 
 from bertrain import rundir
 from bertrain.errors import BertrainError, DataError, UsageError
-from bertrain.model.hf import import_hf, load_checkpoint
+from bertrain.model import PreTrainingModel
+from bertrain.model.from_checkpoint import model_from_checkpoint
+from bertrain.model.hf import import_hf
 from bertrain.special_tokens import SPECIAL_TOKENS, WORD_MARKERS
 from bertrain.tokenizer_file import load_tokenizer
 
 
-def load_for_inference(model_dir: str | Path, skipped: list[tuple[Path, str]] | None = None):
+def load_for_inference(model_dir: str | Path, skipped: list[tuple[Path, str]] | None = None
+                       ) -> tuple[PreTrainingModel, Path]:
     """(model in eval mode, tokenizer dir) from an exported transformers dir, a checkpoint dir or a RUN_DIR
     (invalid newer checkpoints of a RUN_DIR are appended to `skipped`)."""
     model_dir = Path(model_dir)
@@ -29,7 +32,7 @@ def load_for_inference(model_dir: str | Path, skipped: list[tuple[Path, str]] | 
         model, _ = import_hf(model_dir)
         tokenizer = rundir.find_tokenizer_dir(model_dir)
     else:
-        model, _, checkpoint = load_checkpoint(model_dir, skipped)
+        model, _, checkpoint = model_from_checkpoint(model_dir, skipped)
         tokenizer = rundir.find_tokenizer_dir(checkpoint)
     if tokenizer is None:
         raise DataError(f"No tokenizer.json found for {model_dir} (looked in the dir, its tokenizer/ and "

@@ -17,14 +17,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertrain import rundir
-from bertrain.config import ModelConfig, load_config
+from bertrain.config import ModelConfig
 from bertrain.errors import ConfigError, DataError
-from bertrain.model import build_model, load_weights, unwrap
+from bertrain.model import PreTrainingModel, build_model, load_weights, unwrap
 from bertrain.model.bert import embedding_size
+from bertrain.model.from_checkpoint import model_from_checkpoint
 from bertrain.special_tokens import SPECIAL_TOKENS
 from bertrain.tokenizer_file import TOKENIZER_FILES, load_tokenizer
 
-WEIGHTS = "model.safetensors"
+HF_WEIGHTS = "model.safetensors"  # transformers' file name (by chance also ours: rundir.WEIGHTS)
 
 # Our layer's parameter → transformers' (BERT layer, ALBERT layer); "qkv" is split into three.
 _LAYER_NAMES = {
@@ -73,11 +74,6 @@ def name_map(config) -> list[tuple[str, tuple[str, ...]]]:
         pairs.append(("mlm_head.bias", ("cls.predictions.bias",)))
         add("sentence_head", "cls.seq_relationship")
     return pairs
-
-
-# ----------------------------------------------------------------------------------------------
-# Configs
-# ----------------------------------------------------------------------------------------------
 
 
 def hf_config(model_config, pad_token_id: int = 0) -> dict[str, Any]:
@@ -129,7 +125,7 @@ _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_new", "gelu_py
                 "gelu_fast": "gelu_new", "gelu_python": "gelu"}
 
 
-def model_config_from_hf(hf_dir: str | Path):
+def model_config_from_hf(hf_dir: str | Path) -> ModelConfig:
     """Our ModelConfig for a transformers BERT/ALBERT directory's config.json."""
     path = Path(hf_dir) / "config.json"
     try:
@@ -154,11 +150,6 @@ def model_config_from_hf(hf_dir: str | Path):
     return ModelConfig(type=kind, vocab_size=raw["vocab_size"], **{**values, "hidden_act": act})
 
 
-# ----------------------------------------------------------------------------------------------
-# Weights
-# ----------------------------------------------------------------------------------------------
-
-
 def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
     """Our weights under transformers' names (qkv split; tied decoder left out)."""
     model = unwrap(model)
@@ -174,8 +165,8 @@ def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     """All tensors of a transformers directory: model.safetensors (also sharded) or pytorch_model.bin."""
     try:
-        if (hf_dir / WEIGHTS).is_file():
-            return load_file(str(hf_dir / WEIGHTS))
+        if (hf_dir / HF_WEIGHTS).is_file():
+            return load_file(str(hf_dir / HF_WEIGHTS))
         index = hf_dir / "model.safetensors.index.json"
         if index.is_file():
             state = {}
@@ -236,7 +227,7 @@ def load_hf_state_dict(model, state: dict[str, torch.Tensor], source: str = "the
     return kept_fresh
 
 
-def import_hf(hf_dir: str | Path):
+def import_hf(hf_dir: str | Path) -> tuple[PreTrainingModel, ModelConfig]:
     """(model, model_config) from a local transformers BERT/ALBERT directory."""
     hf_dir = Path(hf_dir)
     config = model_config_from_hf(hf_dir)
@@ -244,22 +235,6 @@ def import_hf(hf_dir: str | Path):
     load_hf_state_dict(model, read_hf_weights(hf_dir), source=f"The weights in {hf_dir}")
     model.eval()
     return model, config
-
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoints and export
-# ----------------------------------------------------------------------------------------------
-
-
-def load_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = None):
-    """(model, model_config, checkpoint dir) from a checkpoint dir or a RUN_DIR (invalid newer checkpoints
-    are appended to `skipped`). Reads only config.yaml and model.safetensors: nothing is unpickled."""
-    checkpoint = rundir.resolve_checkpoint(path, skipped)
-    config = load_config(checkpoint / rundir.CONFIG).model
-    model = build_model(config)
-    load_weights(model, checkpoint / rundir.WEIGHTS)
-    model.eval()
-    return model, config, checkpoint
 
 
 def _pad_token_id(tokenizer_dir: Path | None) -> int:
@@ -276,18 +251,19 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
     """Write a transformers directory (config.json, model.safetensors, tokenizer files) from a model,
     a checkpoint dir or a RUN_DIR. Returns what was written, the model, and the invalid checkpoints
     skipped on the way to a RUN_DIR's newest valid one."""
-    checkpoint, skipped = None, []
+    checkpoint: Path | None = None
+    skipped: list[tuple[Path, str]] = []
     if isinstance(checkpoint_or_model, torch.nn.Module):
         model = unwrap(checkpoint_or_model)
     else:
-        model, _, checkpoint = load_checkpoint(checkpoint_or_model, skipped)
+        model, _, checkpoint = model_from_checkpoint(checkpoint_or_model, skipped)
     tokenizer = rundir.find_tokenizer_dir(checkpoint, tokenizer_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = hf_config(model.config, pad_token_id=_pad_token_id(tokenizer))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
-    save_file(to_hf_state_dict(model), str(out / WEIGHTS), metadata={"format": "pt"})
+    save_file(to_hf_state_dict(model), str(out / HF_WEIGHTS), metadata={"format": "pt"})
     copied = []
     if tokenizer is not None and tokenizer.resolve() != out.resolve():
         for name in TOKENIZER_FILES:

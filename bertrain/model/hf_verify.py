@@ -36,8 +36,8 @@ class ExportCheck:
 
     @property
     def passed(self) -> bool:
-        # Written as two comparisons so that a NaN difference fails.
-        return not self.loading_problems and self.mlm_max_diff <= self.tolerance and self.sentence_max_diff <= self.tolerance
+        differences = (self.mlm_max_diff, self.sentence_max_diff)
+        return not self.loading_problems and all(d <= self.tolerance for d in differences)  # NaN fails
 
     def summary(self) -> str:
         """One line: both differences, the batch, the tolerance and PASS/FAIL."""

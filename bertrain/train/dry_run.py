@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bertrain.config import Config, ModelConfig
-from bertrain.train.fault_hooks import step_delay
-from bertrain.train.monitor import human_bytes, human_seconds
+from bertrain.console import human_bytes, human_seconds
+from bertrain.train import fault_hooks
 from bertrain.train.stream import TrainStream
 
 QUICK_SECONDS = 10.0
@@ -67,21 +67,16 @@ def measure_micro_batch(model, accelerator, batch: dict, warmup_rows: int = 1) -
     device = accelerator.device
     model.to(device).train()
 
-    def forward_backward(rows: int) -> None:
-        part = {k: v[:rows].to(device) for k, v in batch.items()}
+    def forward_backward(part: dict) -> None:
         with accelerator.autocast():
-            out = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
-                        token_type_ids=part["token_type_ids"], labels=part["labels"],
-                        sentence_label=part.get("sentence_label"))
-        out.loss.backward()
+            loss = model(**{k: v.to(device) for k, v in part.items()}).loss
+        loss.backward()
         _synchronize(device)
 
-    forward_backward(warmup_rows)
+    forward_backward({k: v[:warmup_rows] for k, v in batch.items() if k != "layout"})  # the model makes its layout
     model.zero_grad(set_to_none=True)
     begin = time.perf_counter()
-    forward_backward(len(batch["input_ids"]))
-    if step_delay():
-        time.sleep(step_delay())  # BERTRAIN_TEST_STEP_DELAY: a slow step for the signal tests
+    forward_backward(batch)
     seconds = time.perf_counter() - begin
     model.zero_grad(set_to_none=True)
     return seconds
@@ -94,19 +89,23 @@ def _figures(config: Config, prepared, world: int, micro_batch_size: int, num_pa
     steps_per_epoch = epoch_length / train.gradient_accumulation_steps
     disk = checkpoint_bytes * (train.keep_last + 1)
     split = prepared.manifest["splits"]["train"]
-    table = Table(title=f"pretrain --dry-run ({world} process(es))")
+    return _table(f"pretrain --dry-run ({world} process(es))", [
+        ("model", f"{config.model.type}, vocab {config.model.vocab_size}"),
+        ("parameters", f"{num_parameters:,}"),
+        ("tokens per epoch", f"{int(split['tokens']):,}"),
+        ("sequences per step", f"{train.batch_size:,} x {config.data.max_seq_length} tokens"),
+        ("micro-batch per process", f"{micro_batch_size} x {train.gradient_accumulation_steps} accumulation"),
+        ("steps per epoch", f"{steps_per_epoch:,.1f}"),
+        ("total steps", f"{total_steps:,}"),
+        ("epochs", f"{total_steps / max(steps_per_epoch, 1e-9):,.2f}"),
+        ("checkpoint size", human_bytes(checkpoint_bytes)),
+        ("disk needed", f"{human_bytes(disk)} (keep_last {train.keep_last} + 1 while saving)")])
+
+
+def _table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title)
     table.add_column("", style="cyan")
     table.add_column("value", style="green", justify="right")
-    rows = [("model", f"{config.model.type}, vocab {config.model.vocab_size}"),
-            ("parameters", f"{num_parameters:,}"),
-            ("tokens per epoch", f"{int(split['tokens']):,}"),
-            ("sequences per step", f"{train.batch_size:,} x {config.data.max_seq_length} tokens"),
-            ("micro-batch per process", f"{micro_batch_size} x {train.gradient_accumulation_steps} accumulation"),
-            ("steps per epoch", f"{steps_per_epoch:,.1f}"),
-            ("total steps", f"{total_steps:,}"),
-            ("epochs", f"{total_steps / max(steps_per_epoch, 1e-9):,.2f}"),
-            ("checkpoint size", human_bytes(checkpoint_bytes)),
-            ("disk needed", f"{human_bytes(disk)} (keep_last {train.keep_last} + 1 while saving)")]
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -143,6 +142,7 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         batch = stream.next()
         warmup_rows = len(batch["input_ids"]) if expected <= WHOLE_WARMUP_SECONDS else 1
         seconds = measure_micro_batch(model, accelerator, batch, warmup_rows)
+        fault_hooks.fire("STEP_DELAY", 0)  # after the measurement: a slow dry run for the signal test
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
         if isinstance(error, RuntimeError) and "memory" not in str(error):
             raise
@@ -150,13 +150,10 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
                       f"{accelerator.device} ({type(error).__name__}); raise train.gradient_accumulation_steps.")
         return
     step = seconds * accumulation
-    table = Table(title="time estimate")
-    table.add_column("", style="cyan")
-    table.add_column("value", style="green", justify="right")
-    table.add_row("one micro-batch (measured)", f"{seconds:.3f} s")
-    table.add_row("measured step time", f"{step:.3f} s ({accumulation} micro-batch(es))")
-    table.add_row("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)")
-    console.print(table)
+    console.print(_table("time estimate", [
+        ("one micro-batch (measured)", f"{seconds:.3f} s"),
+        ("measured step time", f"{step:.3f} s ({accumulation} micro-batch(es))"),
+        ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)")]))
 
 
 def report_dry_run(model, accelerator, console: Console, config: Config, prepared, *, micro_batch_size: int,

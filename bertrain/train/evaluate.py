@@ -1,4 +1,4 @@
-"""Validation: MLM loss, accuracy and perplexity, sentence accuracy, with fixed masks, on all ranks."""
+"""Validation: MLM loss, accuracy and perplexity, sentence loss and accuracy, with fixed masks, on all ranks."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Callable, Optional
 
 import torch
 
+from bertrain.config import fit_micro_batch_size
+from bertrain.console import first_time
 from bertrain.data.loader import build_validation_loader
-from bertrain.train.state import isolated_torch_rng
 from bertrain.train.step import all_reduce_sum
-
-_warned: set[str] = set()
+from bertrain.train.stream import isolated_torch_rng
 
 
 def validation_loader(prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int):
@@ -22,10 +22,8 @@ def validation_loader(prepared, data_config, *, seed: int, micro_batch_size: int
                                        world_size=world_size, max_batches=data_config.eval_batches)
 
     loader = build(micro_batch_size)
-    if len(loader) == 0 and loader.dataset is not None:
-        per_rank = len(loader.dataset.plan) // world_size
-        if per_rank >= 1:
-            loader = build(min(per_rank, micro_batch_size))
+    if len(loader) == 0 and loader.dataset is not None and len(loader.dataset.plan) >= world_size:
+        loader = build(fit_micro_batch_size(len(loader.dataset.plan), micro_batch_size, world_size))
     return loader
 
 
@@ -36,7 +34,7 @@ def evaluate(model, accelerator, prepared, data_config, *, seed: int, micro_batc
     `warn` is called once per data directory). `progress(done, total)` follows the micro-batches."""
     inner = accelerator.unwrap_model(model)
     inner.eval()
-    sums = torch.zeros(5, dtype=torch.float64)  # MLM CE, correct, predicted; sentence correct, labelled instances
+    sums = torch.zeros(6, dtype=torch.float64)  # MLM CE, correct, predicted; sentence correct, labelled, CE
     with isolated_torch_rng():
         loader = validation_loader(prepared, data_config, seed=seed, micro_batch_size=micro_batch_size,
                                    rank=accelerator.process_index, world_size=accelerator.num_processes)
@@ -54,24 +52,24 @@ def evaluate(model, accelerator, prepared, data_config, *, seed: int, micro_batc
                 if out.sentence_correct is not None:
                     sums[3] += out.sentence_correct.cpu()
                     sums[4] += out.sentence_count.cpu()  # labelled instances only
+                    sums[5] += out.sentence_loss_sum.double().cpu()
                 if progress is not None:
                     progress(done, len(loader))
     inner.train()
-    ce, correct, predicted, sentence_correct, instances = all_reduce_sum(accelerator, sums.tolist())
+    ce, correct, predicted, sentence_correct, instances, sentence_ce = all_reduce_sum(accelerator, sums.tolist())
     if predicted == 0:
         _warn_nothing_to_evaluate(prepared, len(loader), warn)
         return {}
     record = {"mlm_loss": ce / predicted, "mlm_accuracy": correct / predicted,
               "mlm_perplexity": math.exp(min(ce / predicted, 50.0))}
     if instances:
-        record["sentence_accuracy"] = sentence_correct / instances
+        record.update(sentence_loss=sentence_ce / instances, sentence_accuracy=sentence_correct / instances)
     return record
 
 
 def _warn_nothing_to_evaluate(prepared, batches: int, warn: Optional[Callable[[str], None]]) -> None:
-    if warn is None or str(prepared.path) in _warned:
+    if warn is None or not first_time(f"nothing to evaluate in {prepared.path}"):
         return
-    _warned.add(str(prepared.path))
     why = (f"{batches} validation micro-batch(es) had no masked token" if batches else
            "the data has no validation instances (no validation split, or fewer instances than processes)")
     warn(f"evaluation skipped: {why} in {prepared.path}; no eval records are written. Prepare the data with a "

@@ -1,27 +1,34 @@
 """BERTRAIN_TEST_* environment hooks that let the resume tests stop or kill a run at a chosen point.
 
-SIGNAL_AT_STEP=N: rank 0 sends itself SIGTERM during step N. CRASH_AFTER_SAVE=N: kill -9 right after
-the checkpoint of step N. CRASH_DURING_SAVE=N: kill -9 halfway through writing it. STEP_DELAY=seconds
-slows every step (SLURM test).
+SIGNAL_AT_STEP=N: rank 0 sends itself SIGTERM during step N. CRASH_AFTER_SAVE=N: rank 0 is killed (-9) right
+after the checkpoint of step N. CRASH_DURING_SAVE=N: killed halfway through writing it. STEP_DELAY=seconds
+slows every step, on every rank (signal tests).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import time
+
+KILLS = {"SIGNAL_AT_STEP": signal.SIGTERM, "CRASH_AFTER_SAVE": signal.SIGKILL, "CRASH_DURING_SAVE": signal.SIGKILL}
 
 
-def hook_step(name: str) -> int | None:
-    """The step number BERTRAIN_TEST_<name> names, or None when unset."""
-    value = os.environ.get(f"BERTRAIN_TEST_{name}")
-    return int(value) if value else None
+@functools.cache
+def _settings() -> tuple[dict[str, str], bool]:
+    """The BERTRAIN_TEST_* values and whether this is rank 0: read once, at the first hook."""
+    hooks = {key.removeprefix("BERTRAIN_TEST_"): value for key, value in os.environ.items()
+             if key.startswith("BERTRAIN_TEST_") and value}
+    return hooks, os.environ.get("RANK", "0") == "0"
 
 
-def step_delay() -> float:
-    """Seconds to sleep after every step (BERTRAIN_TEST_STEP_DELAY; 0 when unset)."""
-    return float(os.environ.get("BERTRAIN_TEST_STEP_DELAY", "0"))
-
-
-def kill_now(sig: int = signal.SIGKILL) -> None:
-    """Send `sig` to this process (SIGKILL: a crash no handler sees)."""
-    os.kill(os.getpid(), sig)
+def fire(name: str, step: int) -> None:
+    """Run hook `name` (a key of KILLS, or STEP_DELAY) at `step` if the environment asks for it; else nothing."""
+    hooks, rank_zero = _settings()
+    if name not in hooks:
+        return
+    if name == "STEP_DELAY":
+        time.sleep(float(hooks[name]))
+    elif rank_zero and int(hooks[name]) == step:
+        os.kill(os.getpid(), KILLS[name])

@@ -7,9 +7,7 @@ place and leaves U = weight_decay * w + m̂ / (sqrt(v̂) + eps), which is LAMB's
 memory. What remains is the two norms (`_foreach_norm`) and `w -= lr * trust_ratio * U` (one
 `_foreach_addcmul_`). No tensor value is read back to the host, so on CUDA the step never synchronizes.
 Same update and state_dict layout as the per-parameter loop it replaces (per parameter: `step`, `exp_avg`,
-`exp_avg_sq`, all float32). Measured slower on the 2-core CPU and so left out: cache-sized chunks
-(many small parallel regions) and torch.compile of the step (16-45 s to compile, slower kernels: its
-moments-and-norms loop alone took 1.7x a fused AdamW step)."""
+`exp_avg_sq`, all float32). Speed, and what was tried and left out: README, "Performance"."""
 
 from __future__ import annotations
 
@@ -75,7 +73,8 @@ class Lamb(torch.optim.Optimizer):
             return
         updates = [self._scratch_for(p) for p in params]
         start_with_weight_decay(updates, params, group["weight_decay"])
-        if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"], found_inf):
+        if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"],
+                                  found_inf):
             torch._foreach_sub_(steps, 1)  # skipped (the foreach path read found_inf)
             return
         ratios = trust_ratios(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)),

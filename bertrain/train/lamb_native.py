@@ -2,12 +2,12 @@
 torch's thread count.
 
 Why a kernel of our own: with torch ops a LAMB step needs at least 14 tensor-sized memory passes against
-fused AdamW's 7 (Adam's direction, the two norms and the scaled update cannot share a pass), measured
-2.3-2.8x AdamW's step at bert-base on a 2-core AVX2 CPU; the two loops in lamb_native.c need 10. No new
-package: a C compiler (`cc`, or $CC) builds a 15 kB shared library into the user's cache in under a second,
-keyed by the source, the compiler flags and the CPU (it is built for this CPU's vector instructions), and
-ctypes calls it (ctypes releases the GIL, so a thread per core runs in parallel). Without a compiler, or
-with BERTRAIN_NATIVE_LAMB=0, the torch-op path in lamb.py runs instead (one warning when no compiler).
+fused AdamW's 7 (Adam's direction, the two norms and the scaled update cannot share a pass); the two loops
+in lamb_native.c need 10 (timings: README, "Performance"). No new package: a C compiler (`cc`, or $CC)
+builds a small shared library into the user's cache, keyed by the source, the compiler flags and the CPU
+(it is built for this CPU's vector instructions), and ctypes calls it (ctypes releases the GIL, so a thread
+per core runs in parallel). Without a compiler, or with BERTRAIN_NATIVE_LAMB=0, the torch-op path in
+lamb.py runs instead (one warning when no compiler).
 """
 
 from __future__ import annotations
@@ -67,11 +67,11 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     grad, exp_avg, exp_avg_sq, param, step = (table.data_ptr() for table in tables)
     inf = None if found_inf is None else found_inf.data_ptr()
     sums = torch.zeros(threads, len(params), 2, dtype=torch.float64)  # per thread: ||w||^2, ||update||^2
-    _run([(kernel.lamb_moments_and_squares, *_segments(share), grad, exp_avg, exp_avg_sq, param, step,
-           beta1, beta2, eps, weight_decay, inf, sums[i].data_ptr()) for i, share in enumerate(shares)])
+    _run_in_threads([(kernel.lamb_moments_and_squares, *_segments(share), grad, exp_avg, exp_avg_sq, param, step,
+                      beta1, beta2, eps, weight_decay, inf, sums[i].data_ptr()) for i, share in enumerate(shares)])
     total = sums.sum(0)
-    _run([(kernel.lamb_apply, *_segments(share), exp_avg, exp_avg_sq, param, step,
-           beta1, beta2, eps, weight_decay, lr, inf, total.data_ptr()) for share in shares])
+    _run_in_threads([(kernel.lamb_apply, *_segments(share), exp_avg, exp_avg_sq, param, step,
+                      beta1, beta2, eps, weight_decay, lr, inf, total.data_ptr()) for share in shares])
 
 
 def split_evenly(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
@@ -102,7 +102,7 @@ def _address_table(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
 
 
-def _run(calls: list[tuple]) -> None:
+def _run_in_threads(calls: list[tuple]) -> None:
     """Each call on its own thread (the first on this one), then wait for all."""
     global _pool, _pool_size
     if len(calls) - 1 > _pool_size:

@@ -1,7 +1,7 @@
 """The training run: setup, the loop of optimizer steps, logging, evaluation, checkpoints and stopping.
 
 Exactness (bitwise resume, 1 rank x 2B = 2 ranks x B = k accumulation steps of B/k) comes from the
-modules this one drives: the data stream (stream.py), the saved RNG and train state (state.py) and
+modules this one drives: the data stream (stream.py), the saved RNG and train state (checkpoint.py) and
 the globally normalized losses of each step (step.py).
 """
 
@@ -15,30 +15,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from rich.console import Console
 
 from bertrain import rundir
 from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
-from bertrain.console import make_console
-from bertrain.errors import BertrainError, ConfigError, DataError, Interrupted, UsageError
+from bertrain.console import human_seconds, make_console
+from bertrain.errors import DataError, Interrupted
 from bertrain.model import build_model
-from bertrain.model.layout import batch_layout
 from bertrain.model.hf import initialize_from
-from bertrain.train import state as run_state
+from bertrain.train import checkpoint, fault_hooks
+from bertrain.train.checkpoint import TrainState
 from bertrain.train.dry_run import report_dry_run
 from bertrain.train.evaluate import evaluate
-from bertrain.train.fault_hooks import hook_step, kill_now, step_delay
-from bertrain.train.monitor import Monitor, NullMonitor, human_seconds
+from bertrain.train.monitor import Monitor, NullMonitor
 from bertrain.train.optim import apply_settings, build_optimizer, build_scheduler, stretch_schedule
 from bertrain.train.parent_watch import watch_parent
 from bertrain.train.precision import local_device_type
+from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
-from bertrain.train.setup import (build_accelerator, lock_run_dir, resolve_run_config, schedule_length,
-                                  write_run_files)
+from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
 from bertrain.train.signals import install_handlers, received_signal_name, stop_at_once
-from bertrain.train.state import TrainState
-from bertrain.train.step import NonFiniteWatch, optimizer_step, train_step
+from bertrain.train.step import NonFiniteWatch, StepResult, optimizer_step, train_step
 from bertrain.train.stream import TrainStream
 
 
@@ -51,7 +49,7 @@ class Parts:
     scheduler: Any
     stream: TrainStream
     state: TrainState
-    monitor: Any
+    monitor: Monitor | NullMonitor
     micro_batch_size: int
 
 
@@ -92,7 +90,7 @@ class Trainer:
         """Set up (resume or start), then train until the budget, a signal or train.stop_at_step."""
         install_handlers()
         watch_parent()  # under torchrun / accelerate launch: a SIGTERM (save, exit 75) if the launcher dies
-        with contextlib.ExitStack() as self._held:  # RUN_DIR's lock, taken by _agree_on_checkpoint
+        with contextlib.ExitStack() as self._held:  # RUN_DIR's lock, taken by checkpoint.agree_on_checkpoint
             return self._run(dry_run)
 
     def _run(self, dry_run: bool) -> int:
@@ -104,14 +102,15 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
 
-        resume_path = None if dry_run else self._agree_on_checkpoint()
+        resume_path = None if dry_run else checkpoint.agree_on_checkpoint(
+            accelerator, self.run_dir, self.resume, self.trust_checkpoint, self._held, self.console)
         monitor = Monitor(self.run_dir, config, self.console) if is_main and not dry_run else NullMonitor()
         state = self._start_state(resume_path, micro_batch_size)
         model, num_parameters = self._build_model(resume_path)
-        checkpoint_bytes = run_state.estimated_checkpoint_bytes(num_parameters)
+        checkpoint_bytes = checkpoint.estimated_checkpoint_bytes(num_parameters)
         stream = TrainStream(self.prepared, config.data, seed=train.seed, micro_batch_size=micro_batch_size,
                              rank=rank, world_size=world, epoch=state.epoch, micro_batch=state.micro_batch,
-                             layout=batch_layout, device_type=accelerator.device.type)
+                             device_type=accelerator.device.type)
         epoch_length = stream.epoch_length(0)
         total_steps = schedule_length(config, self.prepared, epoch_length, micro_batch_size, world)
         if resume_path is None:
@@ -121,45 +120,21 @@ class Trainer:
                                   micro_batch_size=micro_batch_size, num_parameters=num_parameters,
                                   checkpoint_bytes=checkpoint_bytes, epoch_length=epoch_length,
                                   total_steps=total_steps)
-        run_state.check_disk(self.run_dir, checkpoint_bytes)  # on every rank, so all of them stop together
+        checkpoint.check_disk(self.run_dir, checkpoint_bytes)  # on every rank, so all of them stop together
         model, optimizer, scheduler = self._prepare_training(model, resume_path, state, total_steps)
         if accelerator.is_main_process:
             write_run_files(self.run_dir, config, self.prepared, state, resume_path, self.console)
         accelerator.wait_for_everyone()
-        run_state.restore_rng(resume_path, rank, train.seed)
+        checkpoint.restore_rng(resume_path, rank, train.seed)
         parts = Parts(model, optimizer, scheduler, stream, state, monitor, micro_batch_size)
         return self._loop(parts, num_parameters)
-
-    def _agree_on_checkpoint(self) -> Path | None:
-        """The checkpoint to resume from: rank 0 locks RUN_DIR and reads the disk, every rank gets its answer
-        (or its error)."""
-        accelerator = self.accelerator
-        choice = [None, [], None, []]
-        if accelerator.is_main_process:
-            try:
-                lock_run_dir(self.run_dir, self._held)  # before choosing: a second run must not touch it
-                found, skipped, notes = run_state.choose_checkpoint(self.resume, self.run_dir, self.trust_checkpoint)
-                choice = [str(found) if found else None, [(str(p), why) for p, why in skipped], None, notes]
-            except BertrainError as error:  # every rank raises it (a lone rank 0 would leave the others waiting)
-                choice = [None, [], (type(error).__name__, str(error)), []]
-        if accelerator.num_processes > 1:
-            broadcast_object_list(choice)
-        if choice[2] is not None:
-            kind, message = choice[2]
-            raise {"UsageError": UsageError, "ConfigError": ConfigError}.get(kind, DataError)(message)
-        if accelerator.is_main_process:
-            for path, why in choice[1]:
-                self.console.print(f"[yellow]Skipping invalid checkpoint[/] {path}: {why}", highlight=False)
-            for note in choice[3]:
-                self.console.print(note, highlight=False)
-        return Path(choice[0]) if choice[0] else None
 
     def _start_state(self, resume_path: Path | None, micro_batch_size: int) -> TrainState:
         """A fresh TrainState, or the checkpoint's after checking what changed since it."""
         world = self.accelerator.num_processes
         if resume_path is None:
             return TrainState(world_size=world, micro_batch_size=micro_batch_size)
-        resumption = resumed_state(resume_path, self.config, run_state.data_info(self.prepared), world,
+        resumption = resumed_state(resume_path, self.config, checkpoint.data_info(self.prepared), world,
                                    micro_batch_size, self.force)
         self.forced, self.longer_budget = resumption.forced, resumption.longer_budget
         if self.forced and self.accelerator.is_main_process:
@@ -187,7 +162,7 @@ class Trainer:
         optimizer = build_optimizer(model, config.optim, accelerator.device)
         scheduler = build_scheduler(optimizer, config.optim, state.total_steps)
         if resume_path is not None:
-            run_state.load_checkpoint(resume_path, model, optimizer, scheduler)
+            checkpoint.load_checkpoint(resume_path, model, optimizer, scheduler)
             new_length = total_steps if total_steps != state.total_steps else None
             if self.forced:
                 scheduler = apply_settings(optimizer, scheduler, config.optim, state.step, new_length)
@@ -199,7 +174,7 @@ class Trainer:
             model = torch.compile(model)
         model, optimizer = accelerator.prepare(model, optimizer)
         if resume_path is not None:
-            run_state.load_scaler(resume_path, accelerator)
+            checkpoint.load_scaler(resume_path, accelerator)
         return model, optimizer, scheduler
 
     # -- the loop ----------------------------------------------------------------------------
@@ -211,14 +186,22 @@ class Trainer:
         return state.step >= train.max_steps
 
     def _save(self, parts: Parts) -> Path:
-        return run_state.save_checkpoint(self.accelerator, self.run_dir, self.config, self.prepared, parts.model,
-                                         parts.optimizer, parts.scheduler, parts.state)
+        saved = checkpoint.save_checkpoint(self.accelerator, self.run_dir, self.config, self.prepared, parts.model,
+                                          parts.optimizer, parts.scheduler, parts.state)
+        parts.monitor.event("checkpoint", parts.state.step)
+        return saved
+
+    def _report(self, parts: Parts) -> None:
+        if self.config.logging.report and self.accelerator.is_main_process:
+            write_run_report(self.run_dir, parts.monitor.warn)
 
     def _loop(self, parts: Parts, num_parameters: int) -> int:
         train, accelerator, state = self.config.train, self.accelerator, parts.state
         parts.model.train()
         session = Session(start_step=state.step)
         parts.monitor.start(state.step, state.total_steps)
+        parts.monitor.event("start", state.step, total_steps=state.total_steps, parameters=num_parameters,
+                            processes=accelerator.num_processes, device=str(accelerator.device))
         if accelerator.is_main_process:
             parts.monitor.message(
                 f"Training {num_parameters:,} parameters on {accelerator.num_processes} process(es), "
@@ -233,43 +216,38 @@ class Trainer:
                 session.last_checkpoint = self._save(parts)  # budget reached on a skipped step
         except OSError as error:  # disk full or read-only (metrics): name the file and what to do
             session.stop_reason = f"failed: {type(error).__name__}"
-            raise run_state.write_error(error, f"training (step {state.step})", self.run_dir) from None
+            raise checkpoint.write_error(error, f"training (step {state.step})", self.run_dir) from None
         except BaseException as error:
             session.stop_reason = f"failed: {type(error).__name__}"
             raise
         finally:
             parts.monitor.close(self._summary(state, session))
+            self._report(parts)
         accelerator.end_training()
         if session.exit_code:
-            stopped = Interrupted(f"Stopped by a signal after step {state.step}; checkpoint "
-                                  f"{session.last_checkpoint}. Exit code {session.exit_code}: requeue the job "
-                                  f"(or run the same command) to resume.")
-            stopped.exit_code = session.exit_code
-            raise stopped
-        return session.exit_code
+            raise Interrupted(f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. "
+                              f"Exit code {session.exit_code}: requeue the job (or run the same command) to resume.",
+                              session.exit_code)
+        return 0
 
     def _one_step(self, parts: Parts, session: Session) -> bool:
         """One optimizer step (or a skipped one) and what follows it; True when the run must stop here."""
         state, accelerator = parts.state, self.accelerator
         batches = [parts.stream.next() for _ in range(self.config.train.gradient_accumulation_steps)]
         lr = parts.scheduler.get_last_lr()[0]
-        signal_step = hook_step("SIGNAL_AT_STEP")
-        hook = signal_step is not None and signal_step == state.step + 1 and accelerator.is_main_process
-        metrics = train_step(parts.model, accelerator, batches, self.config.optim.max_grad_norm, signal_hook=hook)
+        fault_hooks.fire("SIGNAL_AT_STEP", state.step + 1)
+        metrics = train_step(parts.model, accelerator, batches, self.config.optim.max_grad_norm)
         state.epoch, state.micro_batch = parts.stream.epoch, parts.stream.micro_batch
         state.tokens_seen += metrics.tokens  # host ints: the step reads nothing from the device
         state.samples_seen += metrics.samples
         session.window_tokens += metrics.tokens
         session.window_samples += metrics.samples
         applied = self._apply_update(parts, session, metrics)
-        if applied is None:
-            return False  # a skipped step: draw the next batches
         parts.monitor.advance(state.step)
-        if step_delay():
-            time.sleep(step_delay())
+        fault_hooks.fire("STEP_DELAY", state.step)
         return self._after_step(parts, session, metrics, lr, applied)
 
-    def _apply_update(self, parts: Parts, session: Session, metrics) -> bool:
+    def _apply_update(self, parts: Parts, session: Session, metrics: StepResult) -> bool:
         """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread
         (step.optimizer_step), and still counts as a step; _check_finite reads the count at log and save
         time. With fp16's scaler an overflowing step is skipped by the scaler and not counted."""
@@ -288,6 +266,7 @@ class Trainer:
         state = parts.state
         since, state.bad_steps = session.watch.read()
         if since:
+            parts.monitor.event("nonfinite", state.step, skipped=since)
             parts.monitor.warn(f"step {state.step}: non-finite loss or gradient in {since} step(s) since the last "
                                f"check; update skipped, step skipped ({state.bad_steps} in a row).")
         if state.bad_steps >= self.config.train.max_bad_steps:
@@ -297,7 +276,7 @@ class Trainer:
                 f"finite step, so the newest checkpoint ({session.last_checkpoint or 'none from this session'}) "
                 f"is finite. Lower optim.lr, keep optim.max_grad_norm set, or use bf16 instead of fp16.")
 
-    def _after_step(self, parts: Parts, session: Session, metrics: dict, lr: float, applied: bool) -> bool:
+    def _after_step(self, parts: Parts, session: Session, metrics: StepResult, lr: float, applied: bool) -> bool:
         """Log, evaluate and save as due; True when a signal or train.stop_at_step ends the run here."""
         train, state = self.config.train, parts.state
         done = self._done(state)
@@ -308,7 +287,8 @@ class Trainer:
             self._check_finite(parts, session)
         if log_due:
             self._log(parts, session, metrics.read(self.accelerator), lr)
-        if applied and train.eval_every and state.step % train.eval_every == 0:
+        evaluate_now = applied and train.eval_every and state.step % train.eval_every == 0
+        if evaluate_now:
             result = evaluate(parts.model, self.accelerator, self.prepared, self.config.data, seed=train.seed,
                               micro_batch_size=parts.micro_batch_size, progress=parts.monitor.eval_progress,
                               warn=parts.monitor.warn)
@@ -320,9 +300,11 @@ class Trainer:
             last = session.last_checkpoint
             if last is None or rundir.step_of(last) != state.step:
                 session.last_checkpoint = self._save(parts)
-            if hook_step("CRASH_AFTER_SAVE") == state.step and self.accelerator.is_main_process:
-                kill_now()  # test hook: kill -9 right after a checkpoint
+            fault_hooks.fire("CRASH_AFTER_SAVE", state.step)
             session.window_time = time.time()
+        if evaluate_now:
+            self._report(parts)  # after the save, so that its mark is on the page
+            session.window_time = time.time()  # writing the page is not training time
         if metrics.stop:
             session.exit_code = train.requeue_exit_code
             session.stop_reason = f"stopped by {received_signal_name() or 'a signal on another rank'}"

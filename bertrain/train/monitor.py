@@ -12,26 +12,26 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
+from bertrain import rundir
 from bertrain.config import Config, LoggingConfig, to_dict
-from bertrain.console import make_console
+from bertrain.console import first_time, human_seconds, make_console
 from bertrain.errors import DataError
 from bertrain.files import write_atomic
 
-METRICS_FILE = "metrics.jsonl"
-_warned: set[str] = set()
 EVAL_LINE_SECONDS = 30.0  # off a terminal, a long evaluation says where it is this often
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """Every record of RUN_DIR/metrics.jsonl (train and eval). A torn last line (a full disk or a kill during
     an append) is skipped with one warning; a bad line before the last is a DataError naming it."""
-    return _read_records(Path(run_dir) / METRICS_FILE)[0]
+    return _read_records(Path(run_dir) / rundir.METRICS)[0]
 
 
 def _read_records(path: Path) -> tuple[list[dict], bool]:
@@ -54,8 +54,10 @@ def _read_records(path: Path) -> tuple[list[dict], bool]:
         if isinstance(record, dict):
             records.append(record)
         elif index == last:
-            _warn_once(path, f"{path} ends in a torn line ({len(line)} characters: a full disk or a kill during "
-                             f"an append); it is skipped (a resumed run removes it from the file).")
+            if first_time(f"torn line in {path}"):
+                make_console(stderr=True).print(
+                    f"[yellow]Warning:[/] {path} ends in a torn line ({len(line)} characters: a full disk or a kill "
+                    f"during an append); it is skipped (a resumed run removes it from the file).", highlight=False)
             return records, True
         else:
             raise DataError(f"{path}, line {index + 1}: not a metrics record ({reason}). The file only holds "
@@ -63,43 +65,16 @@ def _read_records(path: Path) -> tuple[list[dict], bool]:
     return records, bool(text) and not text.endswith("\n")
 
 
-def _warn_once(path: Path, text: str) -> None:
-    if str(path) not in _warned:
-        _warned.add(str(path))
-        make_console(stderr=True).print(f"[yellow]Warning:[/] {text}", highlight=False)
-
-
 def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
     """Drop records after `last_step` (written after the checkpoint we resume from), and a torn last line.
     Returns how many records were dropped."""
-    path = Path(run_dir) / METRICS_FILE
+    path = Path(run_dir) / rundir.METRICS
     records, needs_rewrite = _read_records(path)
     kept = [r for r in records if r.get("step", 0) <= last_step]
     if len(kept) != len(records) or needs_rewrite:
         text = "".join(json.dumps(r) + "\n" for r in kept)
         write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return len(records) - len(kept)
-
-
-def human_bytes(n: float) -> str:
-    """1536 → '1.5 KB'."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-def human_seconds(seconds: float) -> str:
-    """3725 → '1h02m', 65 → '1m05s', 200000 → '2.3 days', 1e8 → '3.2 years'."""
-    if seconds >= 365.25 * 86400:
-        return f"{seconds / (365.25 * 86400):,.1f} years"
-    if seconds >= 2 * 86400:
-        return f"{seconds / 86400:.1f} days"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 def _short(value: Any) -> str:
@@ -115,6 +90,7 @@ class NullMonitor:
 
     def start(self, *args: Any, **kwargs: Any) -> None: ...
     def log(self, *args: Any, **kwargs: Any) -> None: ...
+    def event(self, *args: Any, **kwargs: Any) -> None: ...
     def advance(self, *args: Any, **kwargs: Any) -> None: ...
     def eval_progress(self, *args: Any, **kwargs: Any) -> None: ...
     def message(self, *args: Any, **kwargs: Any) -> None: ...
@@ -128,9 +104,10 @@ class Monitor(NullMonitor):
 
     def __init__(self, run_dir: Path, config: Config, console: Console) -> None:
         self.run_dir, self.config, self.console = Path(run_dir), config, console
-        self.metrics_path = self.run_dir / METRICS_FILE
+        self.metrics_path = self.run_dir / rundir.METRICS
         self.progress: Progress | None = None
-        self.task = self.eval_task = None
+        self.task: TaskID | None = None
+        self.eval_task: TaskID | None = None
         self.wandb_run = None
         self.live = console.is_terminal
         self.total_steps, self.clock = 0, (time.monotonic(), 0)
@@ -181,9 +158,7 @@ class Monitor(NullMonitor):
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record (train or eval) to metrics.jsonl, wandb and the progress line."""
-        record = dict(record, time=time.time())
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        record = self.event(**record)
         kind = record.get("kind", "train")
         if self.wandb_run is not None:
             prefix = "eval/" if kind == "eval" else "train/"
@@ -205,6 +180,14 @@ class Monitor(NullMonitor):
         else:
             self.console.print(f"eval step {record['step']}: {text}", highlight=False)
 
+    def event(self, kind: str, step: int, **fields: Any) -> dict:
+        """Append one record to metrics.jsonl, and only there: train and eval (through `log`), and the marks
+        `bertrain report` draws (start, checkpoint, nonfinite, stop)."""
+        record = {"kind": kind, "step": step, **fields, "time": time.time()}
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        return record
+
     def message(self, text: str) -> None:
         (self.progress.console if self.progress is not None else self.console).print(text, highlight=False)
 
@@ -212,6 +195,9 @@ class Monitor(NullMonitor):
         self.message(f"[yellow]Warning:[/] {text}")
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
+        if summary:
+            with contextlib.suppress(OSError):  # a full disk: the error being raised says so
+                self.event("stop", summary["step"], reason=summary["result"])
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
@@ -230,13 +216,13 @@ class Monitor(NullMonitor):
             self.console.print(table)
 
 
-def init_wandb(config: LoggingConfig, run_dir: Path, tree: dict, warn) -> Any:
+def init_wandb(config: LoggingConfig, run_dir: Path, tree: dict, warn: Callable[[str], None]) -> Any:
     """A wandb run, or None when logging.wandb is off. Online without network falls back to offline."""
     if config.wandb == "off":
         return None
     import wandb  # about a second to import, and only runs that log to wandb need it
 
-    id_file = run_dir / "wandb_id.txt"
+    id_file = run_dir / rundir.WANDB_ID
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id)
     common = dict(project=config.wandb_project, name=config.wandb_run_name or run_dir.resolve().name,

@@ -12,11 +12,8 @@ from bertrain.train.lamb import Lamb
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decay on weight matrices and embeddings, none on every bias and LayerNorm parameter.
-
-    Each parameter object appears once (tied weights are shared tensors); every group entry
-    carries `names` so tests and logs can see which parameter went where.
-    """
+    """Two groups: decay on weight matrices and embeddings, none on biases and LayerNorm; each parameter once
+    (tied weights are one tensor), with the `names` of each group's parameters."""
     decay, no_decay = {}, {}
     seen: set[int] = set()
     for module_name, module in model.named_modules():
@@ -47,9 +44,11 @@ def fused_supported(device: torch.device) -> bool:
         return False
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig, device: torch.device | None = None) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, config: OptimConfig,
+                    device: torch.device | None = None) -> torch.optim.Optimizer:
     """AdamW (fused where the device supports it, else foreach) or LAMB over `parameter_groups`."""
-    groups = [{k: v for k, v in group.items() if k != "names"} for group in parameter_groups(model, config.weight_decay)]
+    groups = [{k: v for k, v in group.items() if k != "names"}
+              for group in parameter_groups(model, config.weight_decay)]
     betas = (float(config.betas[0]), float(config.betas[1]))
     if config.name == "lamb":
         return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps)
@@ -87,7 +86,8 @@ class LRSchedule:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR stepped once per optimizer step (lr of step s+1 is peak * multiplier(s))."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, LRSchedule(config.schedule, warmup_steps_for(config, total_steps), total_steps))
@@ -96,12 +96,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total
 def apply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
                    config: OptimConfig, step: int, total_steps: int | None = None
                    ) -> torch.optim.lr_scheduler.LambdaLR:
-    """After `--force`: the loaded optimizer follows `config` (lr, betas, eps, weight decay) and a new
-    schedule of `config.schedule` continues at `step`; returns that scheduler, to use instead.
-
-    total_steps: the new schedule length (its warmup derived from `config`), or None to keep the
-    loaded schedule's length and warmup.
-    """
+    """After `--force`: the loaded optimizer follows `config` (lr, betas, eps, weight decay) and a new schedule of
+    `config.schedule` (`total_steps` long, or as long as the loaded one when None) continues at `step`; returns it."""
     loaded = scheduler.lr_lambdas[0]
     if total_steps is None:
         schedule = LRSchedule(config.schedule, loaded.warmup_steps, loaded.total_steps)
@@ -115,11 +111,8 @@ def apply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_s
 
 def stretch_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, step: int,
                      total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """The loaded schedule with a new length, continuing at `step`; returns the scheduler to use instead.
-
-    A longer budget means the run is now planned to be longer: the decay is recomputed to end at the new
-    total, as if it had been planned from the start (the lr rises from where the old decay was at `step`
-    to where the new one is). The warmup already done keeps its length."""
+    """The loaded schedule with a new length (a longer budget), continuing at `step`; returns it. The decay ends at
+    the new total as if planned from the start (the lr rises to where it would be); the warmup keeps its length."""
     loaded = scheduler.lr_lambdas[0]
     return continue_schedule(optimizer, LRSchedule(loaded.schedule, loaded.warmup_steps, total_steps), step)
 

@@ -38,10 +38,8 @@ def libc_prctl() -> Optional[Callable[..., int]]:
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM, prctl: Optional[Callable[..., int]] = None) -> bool:
-    """Ask the kernel to send `sig` to this process when its parent dies; False where that is unavailable.
-
-    Pass `prctl` (from `libc_prctl()`) when calling between fork and exec, where nothing may be loaded.
-    """
+    """Ask the kernel to send `sig` to this process when its parent dies; False where that is unavailable. Pass
+    `prctl` (from `libc_prctl()`) when calling between fork and exec, where nothing may be loaded."""
     prctl = prctl or libc_prctl()
     return prctl is not None and prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
@@ -56,15 +54,10 @@ def _poll_parent(parent: int, on_orphaned: Callable[[], None], poll_seconds: flo
     on_orphaned()
 
 
-def watch_parent(on_orphaned: Optional[Callable[[], None]] = None, *, only_under_launcher: bool = True,
-                 poll_seconds: float = POLL_SECONDS) -> bool:
-    """Call `on_orphaned` (default: SIGTERM to this process) once the parent process dies; True if watching.
-
-    With the default, Linux delivers the SIGTERM itself (no thread); a callback, or another OS, polls the
-    parent's pid from a daemon thread. Does nothing unless a launcher started this process
-    (`only_under_launcher`), so a plain `bertrain pretrain` outlives the shell it was started from as before.
-    """
-    if only_under_launcher and not started_by_launcher():
+def watch_parent(on_orphaned: Optional[Callable[[], None]] = None, *, poll_seconds: float = POLL_SECONDS) -> bool:
+    """Call `on_orphaned` (default: SIGTERM to this process, which Linux sends itself; else a daemon thread polls)
+    once the parent dies; True if watching. Only under a launcher: a plain `bertrain pretrain` outlives its shell."""
+    if not started_by_launcher():
         return False
     parent = os.getppid()
     # The default path must not fire twice: a second SIGTERM more than a few seconds after the first

@@ -3,8 +3,7 @@
 `auto` picks bf16 on GPUs that run it natively (compute capability 8.0 and later), fp16 with a loss
 scaler on older GPUs, bf16 on CPUs with native bf16 (AVX512_BF16 or AMX, or the bf16 feature of an
 ARM CPU), and fp32 ('no') elsewhere: on an AVX2-only CPU bf16 is emulated and much slower than fp32
-(measured on a 2-core AVX2 EPYC: SLOW_CPU_BF16 below). An explicit `bf16` there is honoured, with
-one warning saying what it costs.
+(README, "Performance"). An explicit `bf16` there is honoured, with one warning saying what it costs.
 """
 
 from __future__ import annotations
@@ -14,11 +13,12 @@ from pathlib import Path
 
 import torch
 
+from bertrain.console import first_time
+
 CHOICES = ("auto", "no", "fp16", "bf16")
 NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (Linux names), aarch64
 SLOW_CPU_BF16 = ("measured on a 2-core AVX2 CPU, a bf16 GEMM ran 50-85x slower than fp32 and a tiny BERT "
                  "training step 5-12x slower")
-_warned: set[str] = set()
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
@@ -64,21 +64,15 @@ def choose_mixed_precision(requested: str, device: torch.device | str) -> str:
     device = torch.device(device)
     if requested != "auto":
         if requested == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
-            warn_once("slow-cpu-bf16", f"train.mixed_precision is bf16 on a CPU without native bf16 "
-                      f"(no AVX512_BF16 / AMX): {SLOW_CPU_BF16}. Use `auto` or `no` for fp32.")
+            if first_time("slow-cpu-bf16"):
+                warnings.warn(f"train.mixed_precision is bf16 on a CPU without native bf16 (no AVX512_BF16 / AMX): "
+                              f"{SLOW_CPU_BF16}. Use `auto` or `no` for fp32.", UserWarning, stacklevel=2)
         return requested
     if device.type == "cuda":
         return "bf16" if cuda_capability(device) >= (8, 0) else "fp16"
     if device.type == "cpu":
         return "bf16" if cpu_has_native_bf16() else "no"
     return "no"  # MPS, XPU and others: fp32 until measured there
-
-
-def warn_once(key: str, message: str) -> None:
-    """A UserWarning the first time `key` is seen in this process."""
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def set_tf32(enabled: bool) -> None:

@@ -1,7 +1,7 @@
 """What may change between a checkpoint and the run that resumes it, and how the run follows a change.
 
-Every config key is in exactly one of FREE_KEYS, BUDGET_KEYS, FORCE_KEYS and NEVER_KEYS
-(tests/test_resume_rules.py checks it), so a new key is a decision rather than a default:
+Every config key is in exactly one of FREE_KEYS, BUDGET_KEYS, FORCE_KEYS and NEVER_KEYS (config/resume_keys.py;
+tests/test_run_safety.py checks it), so a new key is a decision rather than a default:
 - free: does not change what is computed (cadence, logging, paths), or a longer budget;
 - --force: keeps the weights and optimizer state meaningful but changes the run from here on (data,
   batch layout, optimizer settings, numerics, a shorter budget); nothing else passes with --force;
@@ -15,37 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-from bertrain.config import Config, build_dataclass, read_yaml, to_dict
+from bertrain import rundir
+from bertrain.config import Config, build_dataclass, flatten, read_yaml, to_dict
+from bertrain.config.resume_keys import BUDGET_KEYS, FORCE_KEYS, FREE_KEYS, NEVER_KEYS
 from bertrain.errors import ConfigError
-from bertrain.train.state import DATA_INFO, TRAIN_STATE, TrainState
-
-# Prefixes of keys that may change freely: they do not change what the run computes (train.compile and
-# model.unpad change only the order of floating-point sums: the same maths, equal within 1e-5).
-FREE_KEYS = ("train.output_dir", "train.save_every", "train.eval_every", "train.log_every", "train.keep_last",
-             "train.max_bad_steps", "train.requeue_exit_code", "train.compile", "train.stop_at_step",
-             "logging.", "data.path", "data.num_workers", "data.eval_batches", "model.gradient_checkpointing",
-             "model.unpad", "model.init_from", "model.initializer_range", "tokenizer.")
-# The budget: a longer one is free (the schedule's decay is recomputed for it); any other change needs --force.
-BUDGET_KEYS = ("train.max_steps", "train.max_tokens")
-# Allowed with --force, and only these (besides the prepared data and the number of processes).
-FORCE_KEYS = (
-    # data: what the remaining steps are trained on
-    "data.objective", "data.max_seq_length", "data.short_seq_prob", "data.masking", "data.mlm_probability",
-    "data.mask_prob", "data.random_prob", "data.ngram_max", "data.max_predictions_per_seq", "data.pad_to_multiple_of",
-    # batch layout (the data position is rescaled to the new global micro-batch)
-    "train.batch_size", "train.gradient_accumulation_steps",
-    # optimizer settings and schedule (a new schedule continues at the checkpoint's step)
-    "optim.lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.max_grad_norm", "optim.schedule",
-    "optim.warmup_steps", "optim.warmup_fraction",
-    # numerics and randomness: the run stays valid but is no longer the run it would have been
-    "train.mixed_precision", "train.tf32", "train.deterministic", "train.seed",
-    "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
-# Never, not even with --force: the weights (or the optimizer state) would not fit.
-NEVER_KEYS = ("optim.name", "model.type", "model.vocab_size", "model.hidden_size", "model.num_hidden_layers",
-              "model.num_attention_heads", "model.intermediate_size", "model.max_position_embeddings",
-              "model.type_vocab_size", "model.embedding_size", "model.num_hidden_groups", "model.inner_group_num",
-              "model.hidden_act", "model.layer_norm_eps")
+from bertrain.train.checkpoint import TrainState
 
 
 @dataclass
@@ -55,16 +29,6 @@ class Resumption:
     state: TrainState
     forced: list[str] = field(default_factory=list)  # differences --force let through
     longer_budget: str | None = None                 # e.g. "train.max_steps: 40 → 42" (a free change)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def is_free(key: str) -> bool:
@@ -94,7 +58,7 @@ def resume_differences(saved: Config, saved_state: TrainState, saved_data: dict,
                        world_size: int, data: dict) -> tuple[list[str], list[str], str | None]:
     """(never allowed, allowed with --force, a longer budget) between a checkpoint and this run."""
     never, forceable = [], []
-    old, new = _flatten(to_dict(saved)), _flatten(to_dict(config))
+    old, new = flatten(to_dict(saved)), flatten(to_dict(config))
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key) or is_free(key) or key in BUDGET_KEYS:
             continue
@@ -122,9 +86,9 @@ def resumed_state(path: Path, config: Config, data: dict, world_size: int, micro
     """The checkpoint's TrainState, checked against this run, with what --force let through and a longer budget.
 
     After forced differences the micro-batch position is rescaled to this run's global micro-batch."""
-    saved_config = build_dataclass(Config, read_yaml(path / "config.yaml"))
-    state = TrainState(**json.loads((path / TRAIN_STATE).read_text()))
-    saved_data = json.loads((path / DATA_INFO).read_text())
+    saved_config = build_dataclass(Config, read_yaml(path / rundir.CONFIG))
+    state = TrainState(**json.loads((path / rundir.TRAIN_STATE).read_text()))
+    saved_data = json.loads((path / rundir.DATA_INFO).read_text())
     never, forceable, longer = resume_differences(saved_config, state, saved_data, config, world_size, data)
     if never or (forceable and not force):
         lines = "\n".join(f"  {line}" for line in never + forceable)

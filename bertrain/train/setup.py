@@ -1,9 +1,7 @@
-"""Setting up a run: the config resolved against its data, Accelerate, the schedule length, RUN_DIR's lock
-and files."""
+"""Setting up a run: the config resolved against its data, Accelerate, the schedule length, RUN_DIR's files."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import shutil
@@ -12,13 +10,13 @@ from pathlib import Path
 from accelerate import Accelerator
 from rich.console import Console
 
+from bertrain import rundir
 from bertrain.config import Config, TrainConfig, dump_yaml
 from bertrain.data.format import PreparedData, open_prepared
-from bertrain.errors import ConfigError, DataError
-from bertrain.files import LockHeld, exclusive_lock
+from bertrain.errors import ConfigError
+from bertrain.train.checkpoint import TrainState
 from bertrain.train.monitor import truncate_metrics
 from bertrain.train.precision import choose_mixed_precision, local_device_type, set_tf32
-from bertrain.train.state import LOCK_FILE, TrainState, write_error
 
 
 def resolve_run_config(config: Config, data_dir: str | None, run_dir: str | None) -> tuple[Config, PreparedData]:
@@ -59,7 +57,8 @@ def build_accelerator(train: TrainConfig) -> Accelerator:
                           f"is not usable here: {error}") from None
 
 
-def schedule_length(config: Config, prepared, epoch_length: int, micro_batch_size: int, world_size: int) -> int:
+def schedule_length(config: Config, prepared: PreparedData, epoch_length: int, micro_batch_size: int,
+                    world_size: int) -> int:
     """Length of the lr schedule: max_steps, or max_tokens over the estimated tokens per step."""
     train = config.train
     if train.max_tokens is None:
@@ -71,12 +70,12 @@ def schedule_length(config: Config, prepared, epoch_length: int, micro_batch_siz
     return max(1, math.ceil(train.max_tokens / (tokens_per_epoch / steps_per_epoch)))
 
 
-def write_run_files(run_dir: Path, config: Config, prepared, state: TrainState, resume_path: Path | None,
+def write_run_files(run_dir: Path, config: Config, prepared: PreparedData, state: TrainState, resume_path: Path | None,
                     console: Console) -> None:
     """RUN_DIR's config, tokenizer copy and metrics (cut back to the resumed step); rank 0 calls it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_yaml(config))
-    tokenizer_copy = run_dir / "tokenizer"
+    (run_dir / rundir.CONFIG).write_text(dump_yaml(config))
+    tokenizer_copy = run_dir / rundir.TOKENIZER
     if prepared.tokenizer_dir.is_dir():
         shutil.rmtree(tokenizer_copy, ignore_errors=True)
         shutil.copytree(prepared.tokenizer_dir, tokenizer_copy)
@@ -86,18 +85,3 @@ def write_run_files(run_dir: Path, config: Config, prepared, state: TrainState, 
                       f"micro-batch {state.micro_batch})"
                       + (f"; dropped {dropped} metric records written after it" if dropped else ""), highlight=False)
 
-
-def lock_run_dir(run_dir: Path, held: contextlib.ExitStack) -> None:
-    """Hold RUN_DIR/.lock until `held` closes (rank 0, the whole run): a second run into the same RUN_DIR
-    stops with a DataError naming the holder. The kernel drops the lock when its process dies, kill -9 too."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        held.enter_context(exclusive_lock(run_dir / LOCK_FILE, wait=False))
-    except LockHeld as holder:
-        raise DataError(
-            f"RUN_DIR {run_dir} is in use: another run is training into it ({holder}). Two runs in one RUN_DIR "
-            f"would overwrite each other's checkpoints and metrics. Wait for that run to end or stop it (SIGTERM: "
-            f"it saves a checkpoint and exits 75), or choose another --run-dir. Nothing needs removing by hand: "
-            f"the lock ({run_dir / LOCK_FILE}) goes when its process ends, kill -9 included.") from None
-    except OSError as error:
-        raise write_error(error, f"locking RUN_DIR {run_dir}", run_dir) from None

@@ -1,22 +1,15 @@
 """SIGTERM / SIGUSR1 → finish the step, save, exit 75. Imported before torch: stdlib only.
 
-The first signal only sets a flag that the training loop polls once per optimizer step (and
-all-reduces, so every rank stops after the same step). A second signal means "now": the process
-exits at once with 128 + signal number, leaving the previous checkpoint as the resume point.
-Signals within DUPLICATE_WINDOW seconds of the first count as the same request: SLURM delivers a
-job-step signal to every process of the step, and the launcher (torchrun / accelerate launch)
-forwards its own copy too.
+The first signal only sets a flag that the loop polls (and all-reduces) once per optimizer step, so every
+rank stops after the same step. A second signal means "now": exit at once with 128 + signal number, the
+previous checkpoint being the resume point. Signals within DUPLICATE_WINDOW seconds of the first count as
+the same request: SLURM signals every process of a job step, and the launcher forwards its own copy too.
 
-From process start to the loop: `bertrain.cli.main` installs these handlers before it
-imports anything heavy, so a signal during `import torch`, setup or the first step is recorded and the
-run stops after its first step with a checkpoint: exit 75 always means "a checkpoint exists, run the same
-command to resume". A signal that arrives before the interpreter reaches bertrain's code (Python's own
-start-up, 0.1-0.8 s on a loaded machine) gets the default action: exit 143 (SIGTERM), nothing written,
-and the same command starts the run.
-
-A dry run (`pretrain --dry-run`) trains and writes nothing, so there the first SIGINT, SIGTERM or SIGUSR1
-ends it at once (`stop_at_once`): exit 130, 143 or 138 (128 + signal number), with the figures already
-printed.
+`bertrain.cli.main` installs these handlers before importing anything heavy, so a signal during `import
+torch`, setup or the first step stops the run after its first step with a checkpoint: exit 75 always means
+"a checkpoint exists, run the same command to resume". Before the interpreter reaches bertrain's code, a
+signal gets the default action (exit 143 for SIGTERM, nothing written). A dry run writes nothing, so there
+the first SIGINT, SIGTERM or SIGUSR1 ends it at once (`stop_at_once`) with 128 + signal number.
 """
 
 from __future__ import annotations

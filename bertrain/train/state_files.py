@@ -21,7 +21,8 @@ from bertrain.errors import DataError
 
 STATE_FORMAT = 1
 # Markers of the JSON tree; a plain dict of the state never has a key starting with "__bertrain_".
-_TENSOR, _ARRAY, _TUPLE, _ITEMS = "__bertrain_tensor__", "__bertrain_ndarray__", "__bertrain_tuple__", "__bertrain_items__"
+_TENSOR, _ARRAY = "__bertrain_tensor__", "__bertrain_ndarray__"
+_TUPLE, _ITEMS = "__bertrain_tuple__", "__bertrain_items__"
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
@@ -84,16 +85,17 @@ def save_state(directory: Path, name: str, state: Any) -> None:
     json_path.write_text(json.dumps({"format": STATE_FORMAT, "state": tree}))
 
 
-def load_state(directory: Path, name: str, map_location: str | torch.device = "cpu") -> Any:
+def load_state(directory: Path, name: str) -> Any:
     """Read state NAME written by `save_state`; executes nothing from the files."""
     json_path, tensor_path = state_paths(Path(directory), name)
     try:
         document = json.loads(json_path.read_text())
-        tensors = load_file(str(tensor_path), device=str(map_location))
+        tensors = load_file(str(tensor_path), device="cpu")
     except (OSError, ValueError) as error:
         raise DataError(f"{json_path.parent}: cannot read state '{name}' ({type(error).__name__}: {error}).") from None
-    if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
-        raise DataError(f"{json_path}: unknown state format {document.get('format') if isinstance(document, dict) else None!r}.")
+    found = document.get("format") if isinstance(document, dict) else None
+    if found != STATE_FORMAT:
+        raise DataError(f"{json_path}: unknown state format {found!r}.")
     return _decode(document["state"], tensors, json_path)
 
 

@@ -5,24 +5,21 @@ The model divides each micro-batch's summed losses by (global count / world size
 count is the step's predicted tokens (instances) over all ranks and micro-batches: DDP averages
 gradients over ranks, so 2 ranks x B, 1 rank x 2B and k accumulation steps of B/k give the same update.
 
-No host synchronisation between the batch arriving and the optimizer step: the counts come
-from each batch's BatchLayout (Python ints the collator computed), metrics and the finiteness flag stay
-on the device (StepResult, NonFiniteWatch) and the loop reads them at log and save time only; the
-optimizer skips a non-finite update through its `found_inf` input. Between processes the counts and
-the stop flag are summed on the host (gloo, CPU tensors): a rendezvous of the ranks, never a device read.
+No host read between the batch arriving and the optimizer step: the counts come from each batch's
+BatchLayout (ints the collator computed); metrics and the finiteness flag stay on the device until the loop
+reads them at log and save time; the optimizer skips a non-finite update through its `found_inf` input.
+Between processes counts and the stop flag are summed on the host (gloo): a rendezvous, never a device read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from bertrain.model.layout import layout_of
-from bertrain.train.fault_hooks import kill_now
+from bertrain.batch_layout import map_tensors
 from bertrain.train.signals import stop_requested
 
 _host_group = None
@@ -88,23 +85,13 @@ def _metric_sums(out, device) -> torch.Tensor:
     return torch.stack([s.to(torch.float64) for s in sums])
 
 
-def _with_layout(batch: dict) -> dict:
-    """The batch with its BatchLayout (built here, with host reads, when the loader did not)."""
-    if "layout" not in batch:
-        batch = dict(batch, layout=layout_of(batch["attention_mask"], batch["labels"], batch.get("sentence_label")))
-    return batch
-
-
-def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None,
-               signal_hook: bool = False) -> StepResult:
+def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None) -> StepResult:
     """Forward/backward over this step's micro-batches; no value is read back from the device. The
-    optimizer is not stepped here (optimizer_step). signal_hook: SIGTERM this process before the last
-    backward (tests)."""
+    optimizer is not stepped here (optimizer_step). Each batch carries the collator's BatchLayout ("layout")."""
     world, device = accelerator.num_processes, accelerator.device
-    batches = [_with_layout(b) for b in batches]
     layouts = [b["layout"] for b in batches]
     has_sentence = "sentence_label" in batches[0]
-    # Instances without a sentence label (-100: one-sentence documents, see data/pairs.py) train MLM only.
+    # Instances without a sentence label (one-sentence documents, see data/pairs.py) train MLM only.
     predicted, instances, labelled, tokens = host_sum(accelerator, [
         sum(x.predicted for x in layouts), sum(x.batch_size for x in layouts),
         sum(x.labelled for x in layouts) if has_sentence else 0, sum(x.real_tokens for x in layouts)])
@@ -112,15 +99,13 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     non_blocking = device.type == "cuda"  # the loader pins batches for a CUDA device
     for index, batch in enumerate(batches):
-        batch = {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+        batch = map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
         last = index == len(batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         token_type_ids=batch["token_type_ids"], labels=batch["labels"],
                         sentence_label=batch.get("sentence_label"), layout=batch["layout"], **normalizers)
             sums += _metric_sums(out, device)
-            if signal_hook and last:
-                kill_now(signal.SIGTERM)
             accelerator.backward(out.loss)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(),
                                             max_grad_norm if max_grad_norm is not None else float("inf"))

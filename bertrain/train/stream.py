@@ -6,23 +6,35 @@ torch RNG, so a resumed run sees exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+import contextlib
+from typing import Iterator
 
-from bertrain.data.loader import RunDataset, iterate_micro_batches, num_micro_batches, worker_count
-from bertrain.errors import DataError
-from bertrain.train.state import isolated_torch_rng
+import torch
+
+from bertrain.data.loader import (RunDataset, empty_epoch_error, epoch_plan, iterate_micro_batches,
+                                  num_micro_batches, worker_count)
+
+
+@contextlib.contextmanager
+def isolated_torch_rng() -> Iterator[None]:
+    """Run data code without consuming the global torch RNG (DataLoader iterators draw a base seed
+    from it), so dropout's random stream depends only on the steps taken."""
+    state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
 
 
 class TrainStream:
     """This rank's micro-batches from a saved (epoch, micro_batch) position on, across epochs."""
 
     def __init__(self, prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int,
-                 epoch: int, micro_batch: int, layout: Callable | None = None, device_type: str = "cpu") -> None:
-        """layout: the model's batch_layout, built by the collator into each batch (key "layout");
-        device_type: where the batches go (on CUDA they are page-locked, for non_blocking copies, and
+                 epoch: int, micro_batch: int, device_type: str = "cpu") -> None:
+        """device_type: where the batches go (on CUDA they are page-locked, for non_blocking copies, and
         `data.num_workers: auto` starts worker processes, which then serve every epoch)."""
         self.prepared, self.data_config, self.seed = prepared, data_config, seed
-        self.layout, self.pin_memory = layout, device_type == "cuda"
+        self.pin_memory = device_type == "cuda"
         self.num_workers = worker_count(data_config.num_workers, device_type)
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self.epoch, self.micro_batch = epoch, micro_batch
@@ -36,10 +48,8 @@ class TrainStream:
                 length = num_micro_batches(self.prepared, self.data_config, seed=self.seed, epoch=epoch,
                                            micro_batch_size=self.micro_batch_size, world_size=self.world_size)
             if length == 0:  # never cached: every call for such an epoch refuses it
-                raise DataError(
-                    f"{self.prepared.path}: the training split yields no complete micro-batch of "
-                    f"{self.micro_batch_size} x {self.world_size} instances. Use a smaller train.batch_size "
-                    f"or more data.")
+                instances = len(epoch_plan(self.prepared, self.data_config, seed=self.seed, epoch=epoch))
+                raise empty_epoch_error(self.prepared, instances, self.micro_batch_size, self.world_size)
             self._epoch_lengths[epoch] = length
         return self._epoch_lengths[epoch]
 
@@ -52,7 +62,7 @@ class TrainStream:
             if self._iterator is None:
                 dataset = RunDataset(self.prepared, self.data_config, seed=self.seed,
                                      micro_batch_size=self.micro_batch_size, rank=self.rank,
-                                     world_size=self.world_size, layout=self.layout)
+                                     world_size=self.world_size)
                 self._iterator = iterate_micro_batches(dataset, self._positions(), self.num_workers, self.pin_memory)
             batch = next(self._iterator)
         self.micro_batch += 1

@@ -19,7 +19,6 @@ writes the manifest. This module runs the stages; each stage has its own module.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections import Counter
@@ -30,8 +29,9 @@ from typing import Any, Optional
 from rich.console import Console
 
 from bertrain.config import PrepareConfig, Recipe, TokenizerConfig
+from bertrain.config.validate import validate
 from bertrain.data.format import SPLITS, open_prepared
-from bertrain.data.prepare.documents import DOCUMENT_SKIPS, build_documents, resolve_inputs
+from bertrain.data.prepare.documents import build_documents, resolve_inputs
 from bertrain.data.prepare.manifest import build_manifest
 from bertrain.data.prepare.pool import Workers
 from bertrain.data.prepare.report import report
@@ -45,7 +45,7 @@ from bertrain.files import file_sha256
 from bertrain.special_tokens import SPECIAL_IDS
 from bertrain.tokenizer_file import load_tokenizer, tokenizer_file
 
-__all__ = ["DOCUMENT_SKIPS", "prepare_corpus"]
+__all__ = ["prepare_corpus"]
 
 
 @dataclass
@@ -63,26 +63,6 @@ class _Plan:
     only: Optional[list[tuple[str, str]]]   # the shards a job-array task tokenizes (None: all)
     counts: Counter
     skipped: list
-
-
-def _effective_configs(recipe: Recipe, workers: Optional[int], num_shards: Optional[int],
-                       shard_index: Optional[int], tokenizer_path: Optional[str]) -> tuple[PrepareConfig,
-                                                                                             TokenizerConfig]:
-    """The recipe's prepare and tokenizer settings with the command-line values applied, checked."""
-    config = dataclasses.replace(recipe.prepare)
-    tokenizer_config = dataclasses.replace(recipe.tokenizer)
-    if workers is not None:
-        config.workers = workers
-    if num_shards is not None:
-        config.num_shards = num_shards
-    if tokenizer_path is not None:
-        tokenizer_config.path = tokenizer_path
-    if config.workers < 1 or config.num_shards < 1:
-        raise UsageError("workers and num_shards must be at least 1.")
-    if shard_index is not None and not 0 <= shard_index < config.num_shards:
-        raise UsageError(f"--shard-index {shard_index} is outside 0..{config.num_shards - 1} "
-                         f"(--num-shards {config.num_shards}).")
-    return config, tokenizer_config
 
 
 def _tokenizer_source(tokenizer_config: TokenizerConfig) -> dict[str, Any]:
@@ -171,7 +151,7 @@ def _run_tokenizer(plan: _Plan, documents: dict[str, Any], console: Any, timings
     """Stage 2 (clearing what depended on the old tokenizer), and its record in work/tokenizer.json."""
     clear(plan.out, "manifest.json", "train", "validation", f"{WORK}/shards")
     tick = time.perf_counter()
-    stats = build_tokenizer(plan.out, documents, plan.tokenizer_config, plan.tokenizer_config.path, console)
+    stats = build_tokenizer(plan.out, documents, plan.tokenizer_config, console)
     timings["tokenizer"] = time.perf_counter() - tick
     record = {"key": plan.key, "stats": stats}
     write_json(plan.out / WORK / "tokenizer.json", record)
@@ -227,14 +207,17 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
     return manifest, []
 
 
-def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, workers: Optional[int] = None,
-                   shard_index: Optional[int] = None, num_shards: Optional[int] = None,
-                   tokenizer_path: Optional[str] = None, console: Any = None) -> dict[str, Any]:
+def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional[int] = None,
+                   console: Any = None) -> dict[str, Any]:
     """Prepare DATA_DIR from a recipe; return the manifest (or, for a job-array task whose siblings
     are still running, a status dict with `complete: False`)."""
     console = console or Console(stderr=True, quiet=True)
     started = time.perf_counter()
-    config, tokenizer_config = _effective_configs(recipe, workers, num_shards, shard_index, tokenizer_path)
+    validate(recipe)  # a recipe built in code gets the checks a loaded one got
+    config, tokenizer_config = recipe.prepare, recipe.tokenizer
+    if shard_index is not None and not 0 <= shard_index < config.num_shards:
+        raise UsageError(f"--shard-index {shard_index} is outside 0..{config.num_shards - 1} "
+                         f"(--num-shards {config.num_shards}).")
     out = Path(out_dir)
     check_out_dir(out)
     plan = _plan(out, config, tokenizer_config, shard_index)

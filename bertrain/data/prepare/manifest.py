@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bertrain.data.format import SPLITS, token_dtype_for, write_manifest
-from bertrain.data.prepare.documents import DOCUMENT_SKIPS
+from bertrain.data.prepare.documents import unaccounted_documents
 from bertrain.data.prepare.shards import shard_record
 from bertrain.errors import DataError
 
@@ -46,10 +46,10 @@ def _final_counts(counts: Counter, splits: dict[str, Any], shard_totals: Counter
     counts["documents_written"] = counts["documents_train"] + counts["documents_validation"]
     counts["sentences_written"] = splits["train"]["sentences"] + splits["validation"]["sentences"]
     counts["tokens_written"] = splits["train"]["tokens"] + splits["validation"]["tokens"]
-    skips = sum(counts[reason] for reason in DOCUMENT_SKIPS)
-    if counts["documents_read"] != counts["documents_written"] + skips:
-        raise RuntimeError(f"document counts do not add up (a bug): read {counts['documents_read']}, "
-                           f"written {counts['documents_written']}, skipped {skips}")
+    if unaccounted_documents(counts):
+        raise RuntimeError(f"document counts do not add up (a bug): read {counts['documents_read']}, written "
+                           f"{counts['documents_written']}, {unaccounted_documents(counts)} neither written nor "
+                           f"skipped")
     return counts
 
 

@@ -8,6 +8,8 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeRemainingColumn, \
     TransferSpeedColumn
 
+from bertrain.console import human_seconds
+
 # Off a terminal (a log file, SLURM output) a stage prints where it is this often, with an ETA.
 PLAIN_LINE_SECONDS = 30.0
 
@@ -37,15 +39,9 @@ def plain_line(task: Any) -> str:
     size = f"({task.completed / 1e6:,.1f} / {task.total / 1e6:,.1f} MB)" if task.total else \
         f"({task.completed / 1e6:,.1f} MB)"
     remaining = task.time_remaining
-    eta = "unknown" if remaining is None else _clock(remaining)
+    eta = "unknown" if remaining is None else human_seconds(remaining)
     return (f"{task.description} {share}{size}, {task.fields.get('docs', 0):,} docs "
             f"{task.fields.get('rate', 0.0):,.0f}/s, ETA {eta}")
-
-
-def _clock(seconds: float) -> str:
-    minutes, rest = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{rest:02d}s"
 
 
 def progress_bar(console: Any) -> Progress:

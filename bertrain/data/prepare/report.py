@@ -41,7 +41,8 @@ def _count_rows(manifest: dict[str, Any]) -> list[tuple[str, int]]:
         ("documents written: validation", splits["validation"]["documents"]),
     ]
     for reason in DOCUMENT_SKIPS:
-        rows.append((f"documents skipped: {reason.removeprefix('documents_').replace('_', ' ')}", counts.get(reason, 0)))
+        rows.append((f"documents skipped: {reason.removeprefix('documents_').replace('_', ' ')}",
+                     counts.get(reason, 0)))
     for name, label in OPTIONAL_ROWS:
         if counts.get(name):
             rows.append((label, counts[name]))

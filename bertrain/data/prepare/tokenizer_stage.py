@@ -7,7 +7,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from bertrain.config import TokenizerConfig
 from bertrain.data.prepare.workdir import WORK
@@ -65,14 +65,13 @@ def copy_tokenizer(tokenizer_path: str, target: Path, console: Any) -> dict[str,
             "sha256": file_sha256(target / "tokenizer.json")}
 
 
-def build_tokenizer(out: Path, documents: dict[str, Any], config: TokenizerConfig, tokenizer_path: Optional[str],
-                    console: Any) -> dict[str, Any]:
-    """Stage 2: train a tokenizer on the train documents, or copy an existing one."""
+def build_tokenizer(out: Path, documents: dict[str, Any], config: TokenizerConfig, console: Any) -> dict[str, Any]:
+    """Stage 2: train a tokenizer on the train documents, or copy the existing one at `config.path`."""
     target = out / "tokenizer"
     if target.exists():
         shutil.rmtree(target)
-    if tokenizer_path:
-        return copy_tokenizer(tokenizer_path, target, console)
+    if config.path:
+        return copy_tokenizer(config.path, target, console)
     paths = [out / WORK / "documents" / "train" / f"{s['name']}.txt" for s in documents["shards"]["train"]]
     total = sum(s["chars"] for s in documents["shards"]["train"])
     with console.status(f"Training the {config.kind} tokenizer (vocab {config.vocab_size:,}) on "

@@ -8,8 +8,7 @@ from typing import Any, Iterator
 
 from bertrain.config import PrepareConfig, SourceConfig
 from bertrain.data.sources.lookup import InputFile
-from bertrain.data.sources.records import (bad_record, count_record, field_value, group_fields, group_key,
-                                           grouped_documents)
+from bertrain.data.sources.records import bad_record, count_record, field_value, group_fields, group_key
 from bertrain.errors import DataError
 
 # json's messages, most of which end in "at" before a position it adds itself, said plainly.
@@ -56,17 +55,6 @@ def json_line_records(item: InputFile, lines: Iterator[tuple[int, str]], source:
         yield group_key(record, fields), text, where
 
 
-def json_line_documents(item: InputFile, lines: Iterator[tuple[int, str]], source: SourceConfig,
-                        config: PrepareConfig, counts: Counter) -> Iterator[tuple]:
-    """Raw "text" documents of a JSON-lines file: one a record, or consecutive records by `group_by`."""
-    records = json_line_records(item, lines, source, config, counts)
-    if source.group_by:
-        yield from grouped_documents(records, config, counts)
-        return
-    for _, text, where in records:
-        yield "text", text, where
-
-
 def starts_with_bracket(stream: Any) -> bool:
     """Whether a buffered stream's first non-blank byte is "[" (a JSON array, not JSON lines)."""
     if not hasattr(stream, "peek"):
@@ -94,23 +82,15 @@ def _json_array(item: InputFile, stream: Any, config: PrepareConfig) -> list:
     return records
 
 
-def json_array_documents(item: InputFile, stream: Any, source: SourceConfig, config: PrepareConfig,
-                         counts: Counter) -> Iterator[tuple]:
-    """Raw "text" documents of a file holding one JSON array of records (or one record)."""
+def json_array_records(item: InputFile, stream: Any, source: SourceConfig, config: PrepareConfig,
+                       counts: Counter) -> Iterator[tuple[tuple, str, str]]:
+    """(group key, text, origin) of each good record of a file holding one JSON array of records (or one)."""
     fields = group_fields(source)
-
-    def records() -> Iterator[tuple[tuple, str, str]]:
-        for index, record in enumerate(_json_array(item, stream, config)):
-            count_record(source, counts)
-            text = field_value(record, source.text_field)
-            if not isinstance(text, str):
-                bad_record(f"{item.path}: record {index} has no string '{source.text_field}' field.", config,
-                           counts, source)
-                continue
-            yield group_key(record, fields), text, f"{item.path}#{index}"
-
-    if source.group_by:
-        yield from grouped_documents(records(), config, counts)
-        return
-    for _, text, where in records():
-        yield "text", text, where
+    for index, record in enumerate(_json_array(item, stream, config)):
+        count_record(source, counts)
+        text = field_value(record, source.text_field)
+        if not isinstance(text, str):
+            bad_record(f"{item.path}: record {index} has no string '{source.text_field}' field.", config,
+                       counts, source)
+            continue
+        yield group_key(record, fields), text, f"{item.path}#{index}"

@@ -10,10 +10,10 @@ from bertrain.config import PrepareConfig, SourceConfig
 from bertrain.data.sources.columnar import arrow_batches, parquet_batches
 from bertrain.data.sources.decode import BinaryFile, ByteProgress, iter_lines, open_binary
 from bertrain.data.sources.hub import hub_batches
-from bertrain.data.sources.json_records import json_array_documents, json_line_documents, starts_with_bracket
+from bertrain.data.sources.json_records import json_array_records, json_line_records, starts_with_bracket
 from bertrain.data.sources.lookup import InputFile, note_skipped
 from bertrain.data.sources.pydoc import pydoc_source_documents
-from bertrain.data.sources.records import column_documents
+from bertrain.data.sources.records import column_records, record_documents
 from bertrain.data.sources.text import text_documents
 from bertrain.errors import ConfigError, DataError
 
@@ -40,7 +40,7 @@ def read_documents(item: InputFile, source: SourceConfig, config: PrepareConfig,
     if item.format in COLUMN_READERS:
         batches = COLUMN_READERS[item.format](item, source)
         counts["files_read"] += 1
-        yield from column_documents(item, batches, source, config, counts)
+        yield from record_documents(column_records(item, batches, source, config, counts), source, config, counts)
         return
     stream, raw = open_binary(item)
     if progress is not None:
@@ -55,7 +55,8 @@ def _line_documents(item: InputFile, stream: Any, source: SourceConfig, config: 
     try:
         if item.format == "json" and starts_with_bracket(stream):
             counts["files_read"] += 1
-            yield from json_array_documents(item, stream, source, config, counts)
+            yield from record_documents(json_array_records(item, stream, source, config, counts), source, config,
+                                        counts)
             return
         limit = None if item.format in ("json", "jsonl") else config.max_line_chars
         lines = iter_lines(stream, item.path, limit, config.on_decode_error, counts)
@@ -73,7 +74,8 @@ def _line_documents(item: InputFile, stream: Any, source: SourceConfig, config: 
     lines = chain((first,), lines)
     try:
         if item.format in ("json", "jsonl"):
-            yield from json_line_documents(item, lines, source, config, counts)
+            yield from record_documents(json_line_records(item, lines, source, config, counts), source, config,
+                                        counts)
         else:
             for document in text_documents(item, lines, source, config, counts):
                 counts["documents_read"] += 1

@@ -73,24 +73,27 @@ def grouped_documents(records: Iterator[tuple[tuple, str, str]], config: Prepare
         yield "text", "\n\n".join(texts), origin
 
 
-def column_documents(item: InputFile, batches: Iterator[tuple[list, Optional[list]]], source: SourceConfig,
-                     config: PrepareConfig, counts: Counter) -> Iterator[tuple]:
-    """Raw "text" documents from batches of (text-column values, group keys or None); non-strings
-    are bad records."""
-    def records() -> Iterator[tuple[tuple, str, str]]:
-        row = 0
-        for values, keys in batches:
-            for index, value in enumerate(values):
-                count_record(source, counts)
-                if not isinstance(value, str):
-                    bad_record(f"{item.path}: row {row} has a {type(value).__name__} in '{source.text_field}', "
-                               f"not a string.", config, counts, source)
-                else:
-                    yield (keys[index] if keys is not None else ()), value, f"{item.path}#{row}"
-                row += 1
-
+def record_documents(records: Iterator[tuple[tuple, str, str]], source: SourceConfig, config: PrepareConfig,
+                     counts: Counter) -> Iterator[tuple]:
+    """Raw "text" documents of (group key, text, origin) records: one a record, or grouped by `group_by`."""
     if source.group_by:
-        yield from grouped_documents(records(), config, counts)
+        yield from grouped_documents(records, config, counts)
     else:
-        for _, text, where in records():
+        for _, text, where in records:
             yield "text", text, where
+
+
+def column_records(item: InputFile, batches: Iterator[tuple[list, Optional[list]]], source: SourceConfig,
+                   config: PrepareConfig, counts: Counter) -> Iterator[tuple[tuple, str, str]]:
+    """(group key, text, origin) records from batches of (text-column values, group keys or None); non-strings
+    are bad records."""
+    row = 0
+    for values, keys in batches:
+        for index, value in enumerate(values):
+            count_record(source, counts)
+            if not isinstance(value, str):
+                bad_record(f"{item.path}: row {row} has a {type(value).__name__} in '{source.text_field}', "
+                           f"not a string.", config, counts, source)
+            else:
+                yield (keys[index] if keys is not None else ()), value, f"{item.path}#{row}"
+            row += 1

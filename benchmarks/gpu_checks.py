@@ -1,0 +1,237 @@
+"""Two short GPU checks of gpu_suite.sh, each printing a table and, with --results, JSON lines.
+
+`sync`: the training step (the real loader's pinned batches, train_step, optimizer_step, the non-finite
+watch; 2 micro-batches a step, bf16 through Accelerate) under torch.cuda.set_sync_debug_mode: steps
+counted in "warn" mode (every synchronization and the line that caused it), then one step in "error"
+mode. On a CPU, which has no device syncs, the host reads that would be syncs (Tensor.item, tolist,
+bool, int, float, nonzero, masked_select, boolean-mask indexing) are counted instead.
+`optimizer`: LAMB (multi-tensor, as the loop builds it) against torch's fused AdamW on a shipped
+config's parameters with random gradients, `found_inf` set as the loop sets it; alternated, medians.
+
+    python benchmarks/gpu_checks.py sync --data DATA_DIR --case bert_base:adamw --case albert_base:lamb
+    python benchmarks/gpu_checks.py optimizer --config bert_base
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+from model_step import time_alternating
+
+HERE = str(Path(__file__).resolve())
+TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "nonzero", "masked_select")
+SYNC_WARNING = "synchroniz"  # torch's sync debug mode warns "called a synchronizing CUDA operation"
+
+
+def sync_site(frames: list[traceback.FrameSummary], what: str) -> str:
+    """'file:line (what in torch/file:line)' of the code that caused a sync: the innermost frame outside torch and
+    this file, and the innermost bertrain frame too when that one is elsewhere (e.g. in accelerate)."""
+    frames = [f for f in frames if f.filename != HERE and not f.filename.endswith(f"{os.sep}warnings.py")]
+    if not frames:
+        return f"unknown ({what})"
+    in_torch = [f for f in frames if f.filename.startswith(TORCH_DIR)]
+    outside = [f for f in frames if not f.filename.startswith(TORCH_DIR)]
+    ours = [f for f in outside if f"{os.sep}bertrain{os.sep}" in f.filename]
+    caller = outside[-1] if outside else frames[-1]
+    names = [f"{short(caller.filename)}:{caller.lineno}"]
+    if ours and ours[-1] is not caller:
+        names.append(f"from {short(ours[-1].filename)}:{ours[-1].lineno}")
+    via = f" in torch/{in_torch[-1].filename[len(TORCH_DIR) + 1:]}:{in_torch[-1].lineno}" if in_torch else ""
+    return f"{', '.join(names)} ({what}{via})"
+
+
+def short(filename: str) -> str:
+    """A path from the repository root (bertrain/..., benchmarks/...) or from site-packages."""
+    for root in (str(Path(HERE).parent.parent) + os.sep, f"site-packages{os.sep}", f"dist-packages{os.sep}"):
+        if root in filename:
+            return filename.split(root, 1)[1]
+    return filename
+
+
+@contextlib.contextmanager
+def recording_sync_warnings(found: collections.Counter):
+    """Counts torch's sync warnings inside by the Python stack that raised them (the warning's own file and
+    line is torch's, which says nothing about the caller)."""
+    def record(message, category, filename, lineno, file=None, line=None):
+        if SYNC_WARNING in str(message):
+            found[sync_site(traceback.extract_stack()[:-1], "sync")] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        yield found
+
+
+@contextlib.contextmanager
+def counting_syncs(device: torch.device):
+    """Yields a Counter of 'file:line (what)' for each device sync (CUDA) or host read (CPU) inside."""
+    found: collections.Counter = collections.Counter()
+    if device.type == "cuda":
+        with recording_sync_warnings(found):
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield found
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS + ("__getitem__",)}
+
+    def where(what: str) -> str:
+        return sync_site(traceback.extract_stack()[:-2], what)
+
+    def counted(name):
+        def method(self, *args, **kwargs):
+            found[where(f"Tensor.{name}")] += 1
+            return saved[name](self, *args, **kwargs)
+        return method
+
+    def getitem(self, index):
+        if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in (index if isinstance(index, tuple)
+                                                                                  else (index,))):
+            found[where("boolean-mask indexing")] += 1
+        return saved["__getitem__"](self, index)
+
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, counted(name))
+        torch.Tensor.__getitem__ = getitem
+        yield found
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def sync_overrides(optimizer_name: str, unpad: str, args) -> list[str]:
+    return [f"optim.name={optimizer_name}", f"model.unpad={unpad}", f"data.max_seq_length={args.seq}",
+            "data.num_workers=0", f"train.mixed_precision={args.mixed_precision}", *args.set]
+
+
+def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
+    """Syncs in the first step (lazy optimizer state), in the next ones, and whether "error" mode passes."""
+    from accelerate.state import AcceleratorState
+
+    from bertrain.config import load_config
+    from bertrain.model import build_model
+    from bertrain.train.optim import build_optimizer
+    from bertrain.train.setup import build_accelerator, resolve_run_config
+    from bertrain.train.step import NonFiniteWatch, optimizer_step, train_step
+    from bertrain.train.stream import TrainStream
+
+    overrides = sync_overrides(optimizer_name, unpad, args)
+    config, prepared = resolve_run_config(load_config(config_name, overrides), args.data, None)
+    AcceleratorState._reset_state(True)
+    accelerator = build_accelerator(config.train)
+    torch.manual_seed(0)
+    model = build_model(config.model).train()
+    optimizer = build_optimizer(model, config.optim, accelerator.device)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    stream = TrainStream(prepared, config.data, seed=0, micro_batch_size=args.micro_batch, rank=0, world_size=1,
+                         epoch=0, micro_batch=0, device_type=accelerator.device.type)
+    watch = NonFiniteWatch()
+
+    def step():
+        batches = [stream.next(), stream.next()]  # outside: the loader is not the step
+        with counting_syncs(accelerator.device) as found:
+            result = train_step(model, accelerator, batches, max_grad_norm=1.0)
+            optimizer_step(optimizer, result.finite, accelerator.scaler)
+            watch.add(result.finite)
+        return found, result
+
+    first, result = step()
+    later: collections.Counter = collections.Counter()
+    for _ in range(args.steps - 1):
+        found, result = step()
+        later.update(found)
+    error_mode = "n/a (CPU)"
+    if accelerator.device.type == "cuda":
+        batches = [stream.next(), stream.next()]
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            result = train_step(model, accelerator, batches, max_grad_norm=1.0)
+            optimizer_step(optimizer, result.finite, accelerator.scaler)
+            watch.add(result.finite)
+            error_mode = "passed"
+        except RuntimeError as error:
+            site = sync_site(traceback.extract_tb(error.__traceback__), "raised")
+            error_mode = f"raised at {site}: {str(error)[:80]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    loss = result.read(accelerator)["loss"]  # the log-time read, outside the counted steps
+    return dict(case=f"{config_name}+{optimizer_name}, unpad {unpad}", first_step=sum(first.values()),
+                later_steps=sum(later.values()), steps=args.steps, error_mode=error_mode, loss=loss,
+                where=dict(first + later), method="sync debug mode" if accelerator.device.type == "cuda"
+                else "host reads (CPU)")
+
+
+def optimizer_case(args) -> dict:
+    """ms per step of fused AdamW and LAMB on the config's parameters."""
+    from bertrain.config import load_config
+    from bertrain.model import build_model
+    from bertrain.train.lamb import Lamb
+    from bertrain.train.optim import parameter_groups
+
+    device = torch.device(args.device)
+    model = build_model(load_config(args.config, ["model.vocab_size=30522"]).model).to(device)
+    groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.01)]
+    for param in model.parameters():
+        param.grad = torch.randn_like(param) * 1e-3
+    found_inf = torch.zeros((), device=device)  # what optimizer_step hands both (a finite step)
+    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4)}
+    for optimizer in optimizers.values():
+        optimizer.found_inf = found_inf
+    medians = time_alternating({name: o.step for name, o in optimizers.items()}, args.rounds, args.repeats, device)
+    return dict(config=args.config, parameters=sum(p.numel() for p in model.parameters()), device=str(device),
+                adamw_ms=1e3 * medians["fused AdamW"], lamb_ms=1e3 * medians["LAMB"],
+                ratio=medians["LAMB"] / medians["fused AdamW"])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("check", choices=["sync", "optimizer"])
+    parser.add_argument("--results", default=None, help="Append each row as a JSON line to this file.")
+    parser.add_argument("--data", help="sync: a prepared DATA_DIR.")
+    parser.add_argument("--case", action="append", default=[], help="sync: CONFIG:OPTIMIZER (repeatable).")
+    parser.add_argument("--set", action="append", default=[], help="sync: a config override (repeatable).")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4, help="sync: counted steps (the first one apart).")
+    parser.add_argument("--mixed-precision", default="auto")
+    parser.add_argument("--config", default="bert_base", help="optimizer: the shipped config's parameters.")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.check == "sync":
+        cases = [(lambda c=case, u=unpad: sync_case(*c.split(":"), u, args), f"{case}, unpad {unpad}")
+                 for case in args.case for unpad in ("false", "true")]
+    else:
+        cases = [(lambda: optimizer_case(args), args.config)]
+    failed = False
+    for run, name in cases:
+        try:
+            row = run()
+        except Exception as error:  # the other cases still run; the suite reports this one as failed
+            traceback.print_exc()
+            row, failed = dict(case=name, error=f"{type(error).__name__}: {error}"[:300]), True
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        if args.results:
+            with open(args.results, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""`bertrain pretrain` (the CLI, run in this process) with what metrics.jsonl does not record measured around
+it: host time spent in TrainStream.next (waiting for a batch), each step's host time (the first one holds
+torch.compile's compile time), the positions the encoder computed (padded or packed path, per forward),
+peak GPU memory, and a GEMM after the run for useful MFU. Throughput comes from metrics.jsonl's windows
+over the last --last steps (each window ends with the loop's log-time device read, so it is device time;
+the first window, holding the start-up, never counts). With --time-limit the run stops itself (SIGTERM:
+the loop finishes the step, logs, saves, exits 75) once that many seconds have passed since this process
+started and at least --min-steps steps ran, and the figures cover what it did. Used by gpu_suite.sh;
+everything after `--` goes to `bertrain pretrain`.
+
+    python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.perf_counter()  # before `import torch`: the time limit counts the whole process
+
+import torch  # noqa: E402
+from model_step import gemm_fn, time_alternating, useful_flops  # noqa: E402
+
+EXIT_REQUEUE = 75  # bertrain's exit after a signal: the step finished, a checkpoint written
+
+
+class Probe:
+    """Per optimizer step: host seconds in TrainStream.next, start time, the step's host counts and the
+    positions its forwards computed; stops the run at the time limit."""
+
+    def __init__(self, time_limit: float | None, min_steps: int) -> None:
+        self.waiting, self.started, self.steps, self.forwards = 0.0, None, [], []
+        self.time_limit, self.min_steps, self.stopped = time_limit, min_steps, False
+
+    def install(self, count_forwards: bool) -> list[str]:
+        """Wrap TrainStream.next, the loop's train_step and (unless compiling) the model's plan_forward;
+        returns what could not be wrapped."""
+        from bertrain.model import bert
+        from bertrain.train import loop, stream
+
+        targets = [(stream.TrainStream, "next"), (loop, "train_step")] + ([(bert, "plan_forward")] if count_forwards
+                                                                           else [])
+        missing = [name for owner, name in targets if not hasattr(owner, name)]
+        if missing:
+            return missing
+        next_batch, train_step = stream.TrainStream.next, loop.train_step
+
+        def timed_next(stream_self):
+            start = time.perf_counter()
+            self.started = self.started or start
+            try:
+                return next_batch(stream_self)
+            finally:
+                self.waiting += time.perf_counter() - start
+
+        def counted_step(model, accelerator, batches, *args, **kwargs):
+            self.stop_if_due()  # before the step: train_step reads the stop flag, so this step is the last
+            step = dict(start=self.started or time.perf_counter(), data_s=self.waiting,
+                        width=max(int(b["input_ids"].shape[1]) for b in batches))
+            self.waiting, self.started, self.forwards = 0.0, None, []
+            result = train_step(model, accelerator, batches, *args, **kwargs)
+            step.update(samples=result.samples, tokens=result.tokens, predicted=result.predicted,
+                        computed=sum(self.forwards) if self.forwards else None)
+            self.steps.append(step)
+            return result
+
+        stream.TrainStream.next, loop.train_step = timed_next, counted_step
+        if count_forwards:
+            plan_forward = bert.plan_forward
+
+            def counted_plan(model, layout):
+                plan = plan_forward(model, layout)
+                if model.training:  # positions the encoder runs at: the real tokens when packed, else all of [B, T]
+                    self.forwards.append(layout.real_tokens if plan.encoder == "packed"
+                                         else layout.batch_size * layout.width)
+                return plan
+
+            bert.plan_forward = counted_plan
+        return []
+
+    def stop_if_due(self) -> None:
+        """SIGTERM to this process (bertrain's stop request) once the time limit has passed."""
+        if (self.time_limit is not None and not self.stopped and len(self.steps) >= self.min_steps
+                and time.perf_counter() - STARTED >= self.time_limit):
+            self.stopped = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def windows(run_dir: Path, last: int) -> tuple[int, float, float, float]:
+    """(steps, seconds, tokens, samples) of metrics.jsonl's train windows within the last `last` steps
+    (all but the first window when the run is shorter)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in records if r.get("kind") == "train"]
+    if not train:
+        return 0, 0.0, 0.0, 0.0
+    end = train[-1]["step"]
+    steps = seconds = tokens = samples = 0
+    for before, record in zip(train, train[1:]):
+        if before["step"] >= end - last:
+            window_tokens = record["tokens_seen"] - before["tokens_seen"]
+            steps += record["step"] - before["step"]
+            seconds += window_tokens / record["tokens_per_s"]
+            tokens += window_tokens
+            samples += record["samples_seen"] - before["samples_seen"]
+    return steps, seconds, tokens, samples
+
+
+def gemm_peak(device: torch.device) -> float:
+    """FLOP/s of a square GEMM in the run's precision (bf16 on CUDA, fp32 on a CPU), measured here and now."""
+    dtype, size = (torch.bfloat16, 8192) if device.type == "cuda" else (torch.float32, 512)
+    gemm, flops = gemm_fn(dtype, size, device)
+    return flops / time_alternating({"gemm": gemm}, rounds=3, repeats=10, device=device)["gemm"]
+
+
+def summarize(probe: Probe, run_dir: Path, last: int, device: torch.device) -> dict:
+    """The figures of the last `last` steps (see the module docstring)."""
+    from bertrain.config import load_config
+
+    out: dict = {"steps_run": len(probe.steps)}
+    starts = [s["start"] for s in probe.steps]
+    host_steps = [b - a for a, b in zip(starts, starts[1:])]
+    if host_steps:
+        out["first_step_s"] = host_steps[0]
+        out["host_step_ms_median"] = 1e3 * statistics.median(host_steps[-last:])
+    steps, seconds, tokens, samples = windows(run_dir, last)
+    if steps:
+        out.update(measured_steps=steps, seconds=seconds, tokens_per_s=tokens / seconds,
+                   samples_per_s=samples / seconds, step_ms=1e3 * seconds / steps)
+    if not steps or len(probe.steps) < steps:  # the probe missed the steps (a renamed function): no more figures
+        return out
+    measured = probe.steps[-steps:]
+    model = load_config(str(run_dir / "config.yaml")).model
+    flops = sum(useful_flops(model, s["samples"], s["predicted"], s["width"]) * s["tokens"]
+                / (s["samples"] * s["width"]) for s in measured)  # the real tokens' FLOPs: padding is no useful work
+    positions = sum(s["samples"] * s["width"] for s in measured)
+    peak = gemm_peak(device)
+    out.update(mean_width=statistics.mean(s["width"] for s in measured),
+               padding_share=1 - sum(s["tokens"] for s in measured) / positions,
+               data_wait_share=sum(s["data_s"] for s in measured) / seconds, peak_flops=peak,
+               useful_mfu=flops / seconds / peak)
+    if all(s["computed"] for s in measured):  # padding the encoder computed: none where it ran packed
+        out["computed_padding_share"] = 1 - sum(s["tokens"] for s in measured) / sum(s["computed"] for s in measured)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--last", type=int, default=200, help="Steps at the end the figures cover.")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="Stop the run (as SIGTERM does) once this many seconds have passed since start.")
+    parser.add_argument("--min-steps", type=int, default=0, help="Steps run before --time-limit may stop it.")
+    parser.add_argument("--results", default=None, help="Append the figures as a JSON line to this file.")
+    parser.add_argument("--label", default="", help="Name of this run in the results.")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile backend for train.compile=true (e.g. eager for a quick CPU run).")
+    args, pretrain_args = parser.parse_known_args()
+    pretrain_args = [a for a in pretrain_args if a != "--"]
+    run_dir = Path(pretrain_args[pretrain_args.index("--run-dir") + 1])
+    compiling = "train.compile=true" in pretrain_args
+    if args.compile_backend:
+        torch.compile = functools.partial(torch.compile, backend=args.compile_backend)
+    from bertrain.cli import main as cli
+    from bertrain.train.precision import local_device_type
+
+    probe = Probe(args.time_limit, args.min_steps)
+    result: dict = {"label": args.label, "not_wrapped": probe.install(count_forwards=not compiling)}
+    started = time.perf_counter()
+    result["exit_code"] = cli(["pretrain", *pretrain_args])
+    result["wall_s"] = time.perf_counter() - started
+    result["time_limited"] = probe.stopped
+    device = torch.device(local_device_type())
+    if device.type == "cuda":
+        result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        result["peak_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    else:  # no device memory: the process's peak resident memory instead
+        result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    finished = result["exit_code"] == 0 or (probe.stopped and result["exit_code"] == EXIT_REQUEUE)
+    if finished:
+        result.update(summarize(probe, run_dir, args.last, device))
+    if compiling:  # graphs dynamo compiled (more than one: recompiles, graph breaks)
+        from torch._dynamo.utils import counters
+
+        result["compiled_graphs"] = counters["stats"].get("unique_graphs", 0)
+    result["process_s"] = time.perf_counter() - STARTED
+    print("RESULT " + json.dumps(result), flush=True)
+    if args.results:
+        with open(args.results, "a") as handle:
+            handle.write(json.dumps(result) + "\n")
+    sys.stderr.flush()
+    # No interpreter teardown: after a finished GPU run it took ~20 s (the loader's worker shutdown, it seems),
+    # which the figures do not need; the suite ends what is left of the process group.
+    os._exit(0 if finished and "measured_steps" in result else result["exit_code"] or 1)
+
+
+if __name__ == "__main__":
+    main()

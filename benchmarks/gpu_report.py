@@ -1,0 +1,251 @@
+"""OUT_DIR/report.md of gpu_suite.py: the machine, every command, each part's figures, the issue's targets."""
+
+from __future__ import annotations
+
+TIME_BUDGET = "not measured (time budget)"  # gpu_suite's status of a command the budget left no time for
+TITLES = {"0": "Setup", "1": "Training step vs transformers", "2": "bertrain pretrain end to end",
+          "3": "Host synchronizations in the step", "4": "LAMB vs fused AdamW", "5": "torch.compile",
+          "6": "Exact resume"}
+
+
+def fmt(value, spec: str = ".3g", suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
+def step_rows(results: dict) -> dict:
+    """(shape, seq) -> part 1's figures: sequences/s, speed-up over transformers, useful MFU."""
+    rows = {}
+    for r in results.get("1", []):
+        rows[(r["shape"], r["seq"])] = dict(r, ours_seq_s=r["batch"] / r["ours"], hf_seq_s=r["batch"] / r["hf"],
+                                            speedup=r["hf"] / r["ours"], mfu=r["flops"] / r["ours"] / r["peak"],
+                                            hf_mfu=r["flops"] / r["hf"] / r["peak"])
+    return rows
+
+
+def failures(commands, part: str) -> list[str]:
+    """What went wrong in a part's commands: status, log and the last lines of output; notes on the others."""
+    lines = []
+    for c in commands:
+        if c.part != part:
+            continue
+        if c.note:
+            lines.append(f"Note, {c.label}: {c.note}.")
+        if c.status.startswith(TIME_BUDGET):
+            lines.append(f"**{c.label}: {c.status}**: not started, so that the more important parts kept their time.")
+        elif c.status != "ok" and not c.status.startswith("not run"):
+            lines += [f"**{c.label}: {c.status}** (log: {c.log}). Last lines:", "```", c.tail or "(no output)", "```"]
+    return lines
+
+
+def header(state: dict, commands) -> list[str]:
+    info = state.get("info") or {}
+    if state["quick"]:
+        gpu = "none: a CPU run of the suite (--device cpu --quick: tiny shapes, fp32). Not GPU figures."
+    else:
+        gpu = f"{info.get('gpu') or info.get('gpu_smi', 'n/a')} ({fmt(info.get('gpu_memory_gb'), '.0f')} GiB)"
+    done = "finished" if state.get("finished") else "still running"
+    lines = [f"# bertrain GPU suite: {info.get('gpu') or 'CPU'}", "",
+             f"- GPU: {gpu}",
+             f"- torch {info.get('torch', 'n/a')}, CUDA {info.get('cuda', 'n/a')}, driver {info.get('driver', 'n/a')}",
+             f"- transformers {info.get('transformers', 'n/a')}, accelerate {info.get('accelerate', 'n/a')}, "
+             f"tokenizers {info.get('tokenizers', 'n/a')}, Python {info.get('python', 'n/a')}, "
+             f"{info.get('cores', 'n/a')} CPU cores",
+             f"- date: {info.get('date', 'n/a')}; bertrain commit {info.get('commit', 'n/a')}",
+             f"- suite: `{state['argv']}`, {done} after {state.get('elapsed_s', 0):.0f} s; "
+             f"scratch (data, run dirs; removed at the end): {state['scratch']}"]
+    if info.get("error"):
+        lines.append(f"- {info['error']}")
+    if state.get("abort"):
+        lines.append(f"- **ABORTED: {state['abort']}**")
+    lines += ["", "## Commands", "", "Each figure's exact command (from the repository root; the suite sets "
+              "PYTHONPATH=. and WANDB_MODE=disabled):", ""]
+    lines += [f"{i}. part {c.part} ({TITLES[c.part]}), {c.label}: `{c.line()}`" for i, c in enumerate(commands, 1)]
+    lines += ["", "## Status", ""]
+    lines += table(["part", "command", "status", "seconds", "planned s (H100)", "log"],
+                   [[c.part, c.label, c.status, f"{c.seconds:.1f}", "" if state["quick"] else f"{c.expect:.0f}",
+                     c.log] for c in commands])
+    return lines
+
+
+def part1(state, commands, results) -> list[str]:
+    rows = step_rows(results)
+    shapes = [tuple(key) for key in state["step_shapes"]]
+    out = ["Medians of alternated rounds; useful MFU = model_step.useful_flops (MLM head at the masked positions "
+           "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU).", ""]
+    body = []
+    for key in shapes:
+        r = rows.get(key)
+        body.append([key[0], key[1]] + (["no figure: see step.log"] + [""] * 6 if r is None else [
+            r["batch"], fmt(r["ours_seq_s"], ".1f"), fmt(r["hf_seq_s"], ".1f"), fmt(r["speedup"], ".2f", "x"),
+            fmt(100 * r["mfu"], ".1f", "%"), fmt(100 * r["hf_mfu"], ".1f", "%"), fmt(r["peak"] / 1e12, ".3g")]))
+    return out + table(["shape", "seq", "batch", "ours seq/s", "transformers seq/s", "speed-up", "ours useful MFU",
+                        "transformers MFU", "GEMM peak TF/s"], body)
+
+
+def vs_bare(r: dict | None, bare: dict | None) -> float | None:
+    """A pretrain run's useful MFU / part 1's at the padding the run's encoder computed (see part 2's header)."""
+    if not r or not bare or "useful_mfu" not in r or "computed_padding_share" not in r:
+        return None
+    return r["useful_mfu"] / (bare["mfu"] * (1 - r["computed_padding_share"]))
+
+
+def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
+    if r is None or "useful_mfu" not in r:
+        status = "no figure: see the log" if r is None else f"exit {r.get('exit_code')}, figures incomplete (log)"
+        return [run["label"], run["seq"], run["batch"], status] + [""] * 9
+    memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))
+    computed = r.get("computed_padding_share")
+    bare_at = bare and computed is not None and bare["mfu"] * (1 - computed)
+    steps = f"last {r['measured_steps']} of {r['steps_run']}" + (" (time limit)" if r.get("time_limited") else "")
+    return [run["label"], run["seq"], run["batch"], steps, fmt(r["tokens_per_s"], ",.0f"),
+            fmt(r["samples_per_s"], ".1f"), fmt(100 * r["useful_mfu"], ".1f", "%"),
+            f"{fmt(100 * r['padding_share'], '.1f', '%')} / {fmt(computed and 100 * computed, '.1f', '%')}",
+            fmt(bare_at and 100 * bare_at, ".1f", "%"), fmt(vs_bare(r, bare), ".2f"),
+            fmt(100 * r["data_wait_share"], ".1f", "%"), fmt(memory, ".1f", " GiB"), fmt(r["wall_s"], ".0f")]
+
+
+def part2(state, commands, results) -> list[str]:
+    by_label = {r["label"]: r for r in results.get("2", [])}
+    bare = step_rows(results)
+    runs = [run for run in state["runs"] if "compile" not in run["label"]]
+    out = ["`bertrain pretrain` (in-process, benchmarks/gpu_pretrain.py) on synthetic documents of shuffled pydoc "
+           "paragraphs prepared above by `bertrain prepare` (every run in its first epoch); figures over each run's "
+           "last steps (metrics.jsonl's windows, each ending in the loop's log-time device read; a run that reached "
+           "its time limit stopped itself and covers what it did). real tokens/s: non-pad tokens. useful MFU: the "
+           "real tokens' FLOPs (model_step.useful_flops) against a GEMM timed after the run.", "",
+           "**vs bare** compares like with like: the run's useful MFU / (part 1's useful MFU at the same shape and "
+           "batch x (1 - the padding share the encoder computed)). Part 1's batches have no padding; on this run's "
+           "batches the bare step would compute the same padding (the padded encoder runs every position of "
+           "[B, T]; the packed one, model.unpad true or auto choosing it, only the real tokens: 0% computed), so "
+           "its useful MFU would shrink by that share. 1.00 = the loop, its data and its packing cost nothing over "
+           "the bare step; the target is >= 0.90. padding: share of the batches' positions / share of the "
+           "positions the encoder computed. data wait: host time in TrainStream.next / wall time (an upper bound: "
+           "the host runs ahead of the device). peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).",
+           ""]
+    out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "padding: batches / "
+                  "computed", "bare MFU at that padding", "vs bare", "data wait", "peak memory", "wall s"],
+                 [pretrain_row(run, by_label.get(run["label"]), bare.get(tuple(run["bare"]))) for run in runs])
+    padded, unpadded = by_label.get("bert_base-512-unpad-false"), by_label.get("bert_base-512-unpad-true")
+    if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
+        out += ["", f"model.unpad true vs false at the longer length: "
+                f"{unpadded['samples_per_s'] / padded['samples_per_s']:.2f}x sequences/s."]
+    return out
+
+
+def part3(state, commands, results) -> list[str]:
+    out = ["train_step + optimizer_step + the non-finite watch on the real loader's batches (2 micro-batches a "
+           "step); the batch's arrival and the log-time read are outside. Step 1 also creates the optimizer state.",
+           ""]
+    body = []
+    for r in results.get("3", []):
+        if "error" in r:
+            body.append([r["case"], "failed", "", "", r["error"]])
+        else:
+            where = "; ".join(f"{k} x{v}" for k, v in r["where"].items()) or "none"
+            body.append([r["case"], r["first_step"], f"{r['later_steps']} (steps 2-{r['steps']})",
+                         r["error_mode"], f"{where} ({r['method']})"])
+    return out + table(["case", "syncs in step 1", "syncs after", "'error' mode step", "where"], body)
+
+
+def part4(state, commands, results) -> list[str]:
+    body = [[r.get("config"), fmt(r.get("parameters") and r["parameters"] / 1e6, ".1f", "M"),
+             fmt(r.get("adamw_ms"), ".2f"), fmt(r.get("lamb_ms"), ".2f"), fmt(r.get("ratio"), ".2f", "x")]
+            for r in results.get("4", [])]
+    return ["Optimizer step alone, random gradients, `found_inf` set as the loop sets it; medians of alternated "
+            "rounds.", ""] + table(["parameters of", "count", "fused AdamW ms", "LAMB ms", "LAMB / AdamW"], body)
+
+
+def part5(state, commands, results) -> list[str]:
+    compiled = (results.get("5") or [None])[0]
+    eager = next((r for r in results.get("2", []) if r["label"] == "bert_base-128"), None)
+    run = next(run for run in state["runs"] if "compile" in run["label"])
+    command = next(c for c in commands if c.part == "5")
+    out_of_time = command.status.startswith((TIME_BUDGET, "timed out", "stopped"))
+    body = []
+    for name, r in (("eager (part 2's bert_base-128)", eager), ("train.compile=true", compiled)):
+        if r is None or "first_step_s" not in r:
+            missing = TIME_BUDGET if r is compiled and out_of_time else "no figure"
+            body.append([name, missing, "", "", ""])
+        else:
+            body.append([name, fmt(r.get("first_step_s"), ".1f"), fmt(r.get("step_ms"), ".1f"),
+                         fmt(r.get("tokens_per_s"), ",.0f"), r.get("compiled_graphs", "")])
+    out = [f"{run['config']} seq {run['seq']} batch {run['batch']}, {run['steps']} steps, step time over the last "
+           f"{run['last']}. First step: host seconds from its first batch to the next step's (compilation happens "
+           f"there).", ""] + table(["", "first step s", "step ms", "real tokens/s", "graphs compiled"], body)
+    if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
+        out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
+                f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]
+    return out
+
+
+def part6(state, commands, results) -> list[str]:
+    command = next(c for c in commands if c.part == "6")
+    verdict = {"ok": "PASS", "failed (exit 1)": "FAIL (losses or weights differ)"}.get(command.status,
+                                                                                     command.status)
+    return [f"`--check-resume` (6 steps, stop at 3, resume to 6, fresh processes): **{verdict}**", "", "```",
+            command.tail or "(no output yet)", "```"]
+
+
+def targets(state, commands, results) -> list[str]:
+    rows, roles = step_rows(results), state["roles"]
+    body = []
+
+    def judge(name, value, shown, ok):
+        body.append([name, shown if value is not None else "not measured",
+                     "not measured" if value is None else ("met" if ok(value) else "**NOT met**")])
+
+    for key in roles["bert-large"]:
+        r = rows.get(tuple(key), {})
+        judge(f"{key[0]} seq {key[1]}: useful MFU >= 50%", r.get("mfu"), fmt(100 * r.get("mfu", 0), ".1f", "%"),
+              lambda v: v >= 0.5)
+        judge(f"{key[0]} seq {key[1]}: >= 1.5x transformers", r.get("speedup"), fmt(r.get("speedup"), ".2f", "x"),
+              lambda v: v >= 1.5)
+    for role, need in (("bert-base", 1.3), ("albert", 1.1)):
+        for key in roles[role]:
+            r = rows.get(tuple(key), {})
+            judge(f"{key[0]} seq {key[1]}: >= {need}x transformers", r.get("speedup"),
+                  fmt(r.get("speedup"), ".2f", "x"), lambda v, need=need: v >= need)
+    runs = {r["label"]: r for r in results.get("2", []) if "useful_mfu" in r}
+    for run in state["runs"][:2]:
+        r, bare = runs.get(run["label"]), rows.get(tuple(run["bare"]))
+        ratio = vs_bare(r, bare)
+        judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
+              f"{fmt(ratio, '.2f')} (data wait {fmt(r and 100 * r['data_wait_share'], '.1f', '%')})",
+              lambda v: v >= 0.9)
+    for r in results.get("3", []):
+        judge(f"0 host syncs: {r['case']}", r.get("later_steps"),
+              f"{r.get('later_steps')} after step 1 ({r.get('first_step')} in step 1), 'error' mode: "
+              f"{r.get('error_mode')}", lambda v: v == 0)
+    ratio = (results.get("4") or [{}])[0].get("ratio")
+    judge("LAMB <= 1.3x fused AdamW", ratio, fmt(ratio, ".2f", "x"), lambda v: v <= 1.3)
+    resume = next(c for c in commands if c.part == "6")
+    ran = not resume.status.startswith(("not run", TIME_BUDGET))
+    judge("exact resume (--check-resume)", resume.status if ran else None,
+          "PASS" if resume.status == "ok" else resume.status, lambda v: v == "ok")
+    note = ["CPU quick run: tiny shapes, so met / not met says nothing about the GPU targets.", ""] \
+        if state["quick"] else []
+    return note + table(["target (issue 25)", "measured", "met"], body)
+
+
+def render(state: dict, commands, results: dict) -> str:
+    lines = header(state, commands)
+    sections = [("1", part1), ("2", part2), ("3", part3), ("4", part4), ("5", part5), ("6", part6)]
+    for part, build in sections:
+        lines += ["", f"## {part}. {TITLES[part]}", ""]
+        try:
+            lines += build(state, commands, results)
+        except Exception as error:  # a malformed result must not cost the rest of the report
+            lines.append(f"(this section failed to render: {type(error).__name__}: {error})")
+        lines += failures(commands, part)
+    lines += ["", "## 7. Targets", ""]
+    try:
+        lines += targets(state, commands, results)
+    except Exception as error:
+        lines.append(f"(this section failed to render: {type(error).__name__}: {error})")
+    lines += ["", "## Setup", ""] + (failures(commands, "0") or ["install and data preparation: see setup.log"])
+    return "\n".join(lines) + "\n"

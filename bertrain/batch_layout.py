@@ -1,0 +1,208 @@
+"""What the host knows about a training micro-batch before it reaches the device: where the masked positions
+are, their targets, the counts, and the packing (length buckets) of the unpadded path.
+
+Index plans only, numpy in and CPU tensors out: the collator (data) builds a BatchLayout from the masks it
+holds and the model reads it, so the step uses Python ints and index tensors instead of reading boolean masks
+back from the device (boolean indexing, `int(mask.sum())` and `bool(mask.all())` each wait for it).
+Torch loads on first use only: data code imports this module without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE_INDEX = -100  # the label no loss counts: an unmasked position, an instance without a sentence label
+MAX_BUCKETS = 4      # more length buckets: less padded attention, more kernel calls per layer
+
+
+def map_tensors(value, fn):
+    """`value` with `fn` applied to every tensor in it (through dataclasses, dicts, lists, tuples); e.g. to()."""
+    import torch  # loaded already wherever there are tensors
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn)
+                                             for f in dataclasses.fields(value)})
+    if isinstance(value, dict):
+        return {key: map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(item, fn) for item in value)
+    return value
+
+
+@dataclass
+class Bucket:
+    """Sequences attended together, packed rows start..start+size-1 (longest first), viewed as [b, width]
+    slots. Equal lengths: the rows themselves, no copy, no mask. Otherwise `gather` [b*width] pads each
+    sequence by repeating its last row, `key_mask` [b, 1, 1, width] hides those keys and `inside` [size]
+    picks the real slots of the output."""
+
+    start: int
+    size: int
+    shape: tuple[int, int]
+    gather: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None
+    inside: torch.Tensor | None = None
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a right-padded [B, T] batch sit in the packed rows, and the attention plan.
+    Packed rows hold the sequences longest first (bucket order), so equal lengths make a plain slice."""
+
+    token_index: torch.Tensor  # [N] flat index b*T + t of each packed row
+    positions: torch.Tensor    # [N] position t of each packed row in its sequence
+    first_rows: torch.Tensor   # [B] packed row of each sequence's first token ([CLS]), in batch order
+    buckets: list[Bucket]
+    width: int                 # T
+
+
+@dataclass
+class BatchLayout:
+    """Counts (Python ints) and index tensors of one [B, T] micro-batch with MLM labels."""
+
+    batch_size: int
+    width: int             # T
+    predicted: int         # N: positions with a label
+    real_tokens: int       # attention_mask.sum()
+    labelled: int          # instances with a sentence label (0 without sentence labels)
+    max_needed: int        # K: most [CLS] + predicted positions in one row (the pruned last layer's width)
+    mlm_index: torch.Tensor          # [N] flat b*T + t of the predicted positions, row-major
+    targets: torch.Tensor            # [N] their labels
+    needed_rows: torch.Tensor        # [B, K] [CLS] then the predicted positions ascending, padded
+    mlm_index_in_rows: torch.Tensor  # [N] flat b*K + k of the predicted positions among needed_rows
+    packing: Packing | None = None   # None when the rows are not right-padded or labels sit on padding
+    predicted_rows: torch.Tensor | None = None  # [N] packed row of each predicted position, row-major
+
+    @property
+    def padded(self) -> bool:
+        """Whether any position is padding (SDPA is faster without a mask when none is)."""
+        return self.real_tokens < self.batch_size * self.width
+
+    @property
+    def padding_share(self) -> float:
+        return 1.0 - self.real_tokens / max(self.batch_size * self.width, 1)
+
+    def to(self, device, non_blocking: bool = False) -> "BatchLayout":
+        return map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "BatchLayout":  # DataLoader(pin_memory=True) calls it
+        return map_tensors(self, lambda t: t.pin_memory())
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    import torch  # the collator has loaded it
+
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def is_right_padded(real: np.ndarray) -> bool:
+    """Every row is real tokens from position 0, then only padding (what the loader makes; the packed path
+    needs it, so that a row's [CLS] and positions stay where the padded path has them)."""
+    lengths = real.sum(1)
+    prefix = np.arange(real.shape[1])[None, :] < lengths[:, None]
+    return bool((lengths > 0).all()) and bool((prefix == real).all())
+
+
+def plan_buckets(lengths: np.ndarray, max_buckets: int = MAX_BUCKETS) -> list[np.ndarray]:
+    """Sequence indices per bucket: contiguous runs of the lengths sorted longest first, cut (dynamic
+    programming, O(K·B²)) to minimise Σ size·longest², the attention work including padding."""
+    order = np.argsort(-lengths, kind="stable")
+    longest = lengths[order].astype(np.float64)
+    B = len(longest)
+    i, j = np.arange(B)[:, None], np.arange(B + 1)[None, :]
+    cost = np.where(j > i, (j - i) * longest[:, None] ** 2, np.inf)  # [B, B+1]: one bucket of sorted i..j-1
+    best = cost[0].copy()  # best[j]: cheapest cut of the first j sequences (one bucket so far)
+    best[0] = 0.0
+    choices = [np.zeros(B + 1, dtype=np.int64)]
+    for _ in range(min(max_buckets, B) - 1):
+        total = best[:B, None] + cost  # [B, B+1]: the last bucket starts at i
+        start = total.argmin(0)
+        split = total[start, np.arange(B + 1)]
+        better = split < best  # ties keep fewer buckets
+        choices.append(np.where(better, start, -1))
+        best = np.where(better, split, best)
+    bounds, end = [], B
+    for choice in reversed(choices):  # walk back from the last round
+        if end == 0:
+            break
+        if choice[end] >= 0:
+            bounds.append((int(choice[end]), end))
+            end = int(choice[end])
+    return [order[s:e] for s, e in reversed(bounds)]
+
+
+def _bucket(members: np.ndarray, lengths: np.ndarray, start: int) -> Bucket:
+    size = lengths[members]
+    b, width = len(members), int(size.max())
+    if bool((size == width).all()):
+        return Bucket(start, b * width, (b, width))
+    column = np.arange(width)[None, :]
+    seq_start = start + np.concatenate([[0], np.cumsum(size)[:-1]])
+    gather = seq_start[:, None] + np.minimum(column, size[:, None] - 1)         # [b, width]
+    inside = column < size[:, None]
+    return Bucket(start, int(size.sum()), (b, width), _tensor(gather.reshape(-1).astype(np.int64)),
+                  _tensor(inside)[:, None, None, :], _tensor(np.flatnonzero(inside).astype(np.int64)))
+
+
+def pack_lengths(lengths: np.ndarray, width: int, max_buckets: int = MAX_BUCKETS) -> tuple[Packing, np.ndarray]:
+    """(the packing of right-padded rows of these lengths, [B, T] packed row of each position (garbage at
+    padding)); host work only."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    buckets, start, order = [], 0, []
+    for members in plan_buckets(lengths, max_buckets):
+        buckets.append(_bucket(members, lengths, start))
+        start += int(lengths[members].sum())
+        order.append(members)
+    sequence = np.concatenate(order)                                           # batch rows, packed order
+    sorted_lengths = lengths[sequence]
+    sequence_start = np.concatenate([[0], np.cumsum(sorted_lengths)[:-1]])
+    position = np.arange(start) - np.repeat(sequence_start, sorted_lengths)   # [N]
+    token_index = np.repeat(sequence, sorted_lengths) * width + position
+    first = np.empty(len(lengths), dtype=np.int64)
+    first[sequence] = sequence_start
+    packing = Packing(_tensor(token_index.astype(np.int64)), _tensor(position.astype(np.int64)), _tensor(first),
+                      buckets, width)
+    return packing, first[:, None] + np.arange(width)[None, :]
+
+
+def batch_layout(attention_mask: np.ndarray, labels: np.ndarray, sentence_label: np.ndarray | None = None
+                 ) -> BatchLayout:
+    """The layout of a [B, T] batch from its numpy mask and labels (CPU tensors; host work only)."""
+    real = np.asarray(attention_mask).astype(bool)
+    labels = np.asarray(labels)
+    B, T = real.shape
+    predicted = labels != IGNORE_INDEX
+    rows_b, rows_t = np.nonzero(predicted)                                     # row-major, like mask indexing
+    needed = predicted.copy()
+    needed[:, 0] = True
+    K = int(needed.sum(1).max()) if B else 1
+    # A stable sort puts each row's needed positions ([CLS], then the predicted ones) first, ascending.
+    rows = np.argsort(~needed, axis=1, kind="stable")[:, :K]                   # [B, K]
+    in_rows_b, in_rows_k = np.nonzero(np.take_along_axis(predicted, rows, axis=1))
+    labelled = 0 if sentence_label is None else int((np.asarray(sentence_label) != IGNORE_INDEX).sum())
+    index = [rows_b * T + rows_t, labels[rows_b, rows_t], rows, in_rows_b * K + in_rows_k]
+    layout = BatchLayout(B, T, int(len(rows_b)), int(real.sum()), labelled, K,
+                         *(_tensor(np.asarray(a, dtype=np.int64)) for a in index))
+    if B and is_right_padded(real) and not predicted[~real].any():
+        layout.packing, row_of = pack_lengths(real.sum(1), T)
+        layout.predicted_rows = _tensor(row_of[rows_b, rows_t].astype(np.int64))
+    return layout
+
+
+def layout_of(attention_mask: torch.Tensor | None, labels: torch.Tensor,
+              sentence_label: torch.Tensor | None = None) -> BatchLayout:
+    """batch_layout of device tensors, on their device. Reads them back to the host: for a forward called
+    without a collator-made layout (tests, evaluation, inference), never in the training step."""
+    mask = labels.new_ones(labels.shape) if attention_mask is None else attention_mask
+    label = None if sentence_label is None else sentence_label.detach().cpu().numpy()
+    layout = batch_layout(mask.detach().cpu().numpy(), labels.detach().cpu().numpy(), label)
+    return layout if labels.device.type == "cpu" else layout.to(labels.device)

@@ -1,0 +1,77 @@
+"""A split's sentence and document offsets in one global token space, and reading tokens at global positions.
+
+Shared by the pair plans (pairs.py, pair_chunks.py) and the loader, below all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertrain.data.format import Split
+from bertrain.errors import DataError
+
+
+@dataclass
+class SplitIndex:
+    """Offsets of all shards of a split in one global token space: shards back to back, so the
+    global position of sentence i is the number of tokens before it, sentence_cum[i]."""
+
+    sentence_cum: np.ndarray     # [S + 1] int64 tokens before each sentence (lengths' cumulative sum)
+    document_first: np.ndarray   # [D + 1] int64 global sentence index where each document starts
+    token_base: np.ndarray       # [K + 1] int64 global position of each shard's first token
+
+    @property
+    def sentence_start(self) -> np.ndarray:
+        """[S] global token position of each sentence (a view, no copy)."""
+        return self.sentence_cum[:-1]
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.document_first) - 1
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.sentence_cum) - 1
+
+
+def index_split(split: Split) -> SplitIndex:
+    """Read the (small) offset arrays of every shard into one global index, checking them."""
+    lengths, firsts, bases = [], [np.zeros(1, np.int64)], [0]
+    sentence_base = 0
+    for shard in split.shards:
+        offsets = np.asarray(shard.sentence_offsets, dtype=np.int64)
+        documents = np.asarray(shard.document_offsets, dtype=np.int64)
+        length = np.diff(offsets)
+        if (len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(shard.tokens) or (length < 0).any()
+                or len(documents) == 0 or documents[0] != 0 or documents[-1] != len(offsets) - 1
+                or (np.diff(documents) < 0).any()):
+            raise DataError(f"Shard {split.name}/{shard.name}: its sentence or document offsets are not "
+                            f"increasing from 0 to the end of the shard (damaged file). Run `bertrain prepare` "
+                            f"again to rebuild it.")
+        lengths.append(length)
+        firsts.append(documents[1:] + sentence_base)
+        sentence_base += len(offsets) - 1
+        bases.append(bases[-1] + len(shard.tokens))
+    length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    return SplitIndex(np.concatenate([[0], np.cumsum(length)]).astype(np.int64),
+                      np.concatenate(firsts).astype(np.int64), np.asarray(bases, dtype=np.int64))
+
+
+def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Token ids (int64) at global token positions (any shape), read from the memory-mapped shards."""
+    flat = positions.reshape(-1)
+    shard = np.searchsorted(token_base, flat, side="right") - 1
+    if len(flat) == 0 or shard.min() == shard.max():
+        k = int(shard[0]) if len(flat) else 0
+        return shards_tokens[k][flat - token_base[k]].astype(np.int64).reshape(positions.shape)
+    # Group positions by shard with a radix-friendly stable sort, then one fancy read per shard.
+    shard = shard.astype(np.int16 if len(shards_tokens) < 2**15 else np.int32)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(shard, minlength=len(shards_tokens)))])
+    out = np.empty(flat.shape, dtype=np.int64)
+    for k in np.flatnonzero(np.diff(bounds)):
+        rows = order[bounds[k]:bounds[k + 1]]
+        out[rows] = shards_tokens[k][flat[rows] - token_base[k]]
+    return out.reshape(positions.shape)

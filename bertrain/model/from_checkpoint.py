@@ -1,0 +1,21 @@
+"""A model built from a bertrain checkpoint (for export and fill-mask): its config.yaml and model.safetensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertrain import rundir
+from bertrain.config import ModelConfig, load_config
+from bertrain.model import PreTrainingModel, build_model, load_weights
+
+
+def model_from_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = None
+                          ) -> tuple[PreTrainingModel, ModelConfig, Path]:
+    """(model in eval mode, model config, checkpoint dir) from a checkpoint dir or a RUN_DIR (invalid newer
+    checkpoints are appended to `skipped`). Reads only config.yaml and model.safetensors: nothing is unpickled."""
+    checkpoint = rundir.resolve_checkpoint(path, skipped)
+    config = load_config(checkpoint / rundir.CONFIG).model
+    model = build_model(config)
+    load_weights(model, checkpoint / rundir.WEIGHTS)
+    model.eval()
+    return model, config, checkpoint

@@ -1,0 +1,211 @@
+"""benchmarks/gpu_suite.sh, the one command for every GPU figure (issue 25): its GPU commands' configs load, its
+report renders every GPU section, its sync counter sees reads, and `--device cpu --quick` runs the same
+commands to the end with `datasets` and `wandb` hidden (as on the bare GPU machine) into a full report."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_checks  # noqa: E402
+import gpu_report  # noqa: E402
+import gpu_suite  # noqa: E402
+from gpu_step import model_config  # noqa: E402
+
+from bertrain.config import load_config  # noqa: E402
+
+# sitecustomize for a PYTHONPATH entry: `datasets` and `wandb` cannot be found (find_spec gives None, as where
+# they are not installed, so transformers and accelerate see them as absent) and cannot be imported.
+HIDE = '''import sys
+HIDDEN = {"datasets", "wandb"}
+class Hidden:
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HIDDEN or not hasattr(self.finder, "find_spec"):
+            return None
+        return self.finder.find_spec(name, path, target)
+    def __getattr__(self, name):
+        return getattr(self.finder, name)
+sys.meta_path[:] = [Hidden(finder) for finder in sys.meta_path]
+'''
+LOGS = ["checks.log", "compile.log", "pretrain.log", "setup.log", "step.log"]
+
+
+def sets_of(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+
+
+def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
+    """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
+    the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
+    commands = gpu_suite.plan("cuda", False, tmp_path)
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "5"]
+    assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
+    before_compile = sum(c.expect for c in commands[:-1]) + 10  # + the version probe
+    assert commands[-1].optional and gpu_suite.BUDGET_S - before_compile >= max(150, commands[-1].min_start)
+    for command in commands:
+        argv = [str(a) for a in command.argv]
+        assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
+        if "--config" in argv:
+            config = load_config(argv[argv.index("--config") + 1], sets_of(argv))
+            assert config.model.max_position_embeddings >= config.data.max_seq_length
+    prepare = next(c for c in commands if c.label == "prepare-synthetic")
+    assert "--tokenizer" in prepare.argv and "--workers" in prepare.argv  # no tokenizer training, every core
+    for shape in ("bert-base", "bert-large", "albert-base", "albert-large"):
+        for seq in (128, 512):
+            assert model_config(shape, seq).max_position_embeddings >= seq
+    sync = next(c for c in commands if c.label == "sync")
+    args = gpu_checks.parse_args([str(a) for a in sync.argv[2:]])
+    for case in args.case:
+        name, optimizer = case.split(":")
+        for unpad in ("false", "true"):
+            assert load_config(name, gpu_checks.sync_overrides(optimizer, unpad, args)).optim.name == optimizer
+
+
+def test_only_an_optional_command_may_run_out_of_time(tmp_path):
+    commands = gpu_suite.plan("cuda", False, tmp_path)
+    for command in commands:
+        command.status = "ok"
+    commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 80 s left, 100 s needed"
+    assert not gpu_suite.suite_failed({}, commands)
+    commands[-2].status = "timed out after 90 s"
+    assert gpu_suite.suite_failed({}, commands)
+
+
+def test_a_command_past_its_timeout_is_stopped_with_its_children_and_named(tmp_path):
+    """A hung part costs its own timeout only: its process group is stopped, its status and output kept."""
+    script = "import subprocess, sys; print('started', flush=True); subprocess.run(['sleep', '60'])"
+    command = gpu_suite.Command("1", "hangs", [sys.executable, "-c", script], cap=1, floor=0, expect=0, log="step.log")
+    gpu_suite.run_command(command, tmp_path, timeout=2, env=dict(os.environ))
+    assert command.status == "timed out after 2 s" and command.seconds < 10 and "started" in command.tail
+    assert "===== hangs: timed out after 2 s" in (tmp_path / "step.log").read_text()
+
+
+def test_the_sync_counter_names_each_host_read():
+    t = torch.tensor([1.0, 2.0])
+    with gpu_checks.counting_syncs(torch.device("cpu")) as found:
+        t.sum().item()
+        t[t > 1]
+        t[0], t[1:]  # plain indexing reads nothing
+    assert sum(found.values()) == 2 and all(where.startswith("tests/test_gpu_suite.py:") for where in found)
+
+
+def test_a_sync_warning_is_charged_to_the_code_that_called_torch():
+    """torch's sync warning carries torch's own file and line: the counter names the caller's instead, and the
+    bertrain frame when the caller is another package."""
+    found = collections.Counter()
+    with gpu_checks.recording_sync_warnings(found):
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+        warnings.warn("an unrelated warning", UserWarning)
+    assert list(found) == [f"tests/test_gpu_suite.py:{sys._getframe().f_lineno - 2} (sync)"]
+    torch_file = str(Path(torch.__file__).resolve().parent / "cuda" / "__init__.py")
+    frames = [traceback.FrameSummary(path, line, "f", lookup_line=False) for path, line in (
+        (f"{ROOT}/bertrain/train/step.py", 88), ("/venv/lib/site-packages/accelerate/optimizer.py", 170),
+        (torch_file, 1270))]
+    assert gpu_checks.sync_site(frames, "sync") == \
+        "accelerate/optimizer.py:170, from bertrain/train/step.py:88 (sync in torch/cuda/__init__.py:1270)"
+    assert gpu_checks.sync_site(frames[:1] + frames[2:], "raised") == \
+        "bertrain/train/step.py:88 (raised in torch/cuda/__init__.py:1270)"
+
+
+def table_rows(report: str, heading: str) -> list[list[str]]:
+    """The cells of the table rows (header and rule left out) in the section starting with `heading`."""
+    section = report.split(heading)[1].split("\n## ")[0]
+    rows = [line.strip("|").split(" | ") for line in section.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row] for row in rows[1:]]
+
+
+def fake_gpu_results(runs: list[dict]) -> dict:
+    """Figures shaped as the GPU run writes them, for every row the report expects."""
+    step = [dict(shape=shape, seq=seq, batch=32, dtype="bf16", ours=0.05, hf=0.07, peak=6.6e14, flops=1.5e13)
+            for shape in ("bert-base", "bert-large", "albert-base", "albert-large") for seq in (128, 512)]
+    pretrain = [dict(label=run["label"], exit_code=0, steps_run=run["steps"], measured_steps=run["last"],
+                     tokens_per_s=5e5, samples_per_s=4e3, step_ms=60.0, useful_mfu=0.4, data_wait_share=0.01,
+                     padding_share=0.05, computed_padding_share=0.05, peak_memory_gb=30.0, wall_s=50.0,
+                     first_step_s=2.0, compiled_graphs=1, time_limited=False) for run in runs]
+    sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
+                 where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
+    return {"1": step, "2": pretrain[:4], "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
+            "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17)],
+            "5": pretrain[4:]}
+
+
+def test_the_report_renders_every_gpu_section(tmp_path):
+    commands = gpu_suite.plan("cuda", False, tmp_path)
+    for command in commands:
+        command.status, command.tail = "ok", "PASS"
+    commands[-1].status = "timed out after 150 s"
+    runs = gpu_suite.pretrain_runs(False)
+    info = dict(gpu="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.2, torch="2.11.0", cuda="13.0", driver="580.159.04")
+    state = dict(device="cuda", quick=False, out="o", scratch="s", argv="bash benchmarks/gpu_suite.sh o", runs=runs,
+                 roles=gpu_suite.target_shapes(False), step_shapes=gpu_suite.step_shapes(False), info=info)
+    report = gpu_report.render(state, commands, fake_gpu_results(runs))
+    assert "failed to render" not in report and "no figure" not in report
+    assert report.splitlines()[2] == "- GPU: NVIDIA H100 80GB HBM3 (79 GiB)"
+    assert "CUDA 13.0, driver 580.159.04" in report and "**bert_base-128-compile: timed out after 150 s**" in report
+    assert len(table_rows(report, "## 1.")) == 8
+    # vs bare: 0.4 / (part 1's MFU, 1.5e13 / 0.05 / 6.6e14 = 0.4545, x (1 - 0.05 padding computed)) = 0.93
+    assert {row[9] for row in table_rows(report, "## 2.")} == {"0.93"}
+    verdicts = [row[-1] for row in table_rows(report, "## 7.")]
+    assert len(verdicts) == 2 + 2 + 4 + 2 + 3 + 1 + 1 and verdicts.count("not measured") == 1  # the failed case
+    assert set(verdicts) == {"met", "**NOT met**", "not measured"}
+
+
+@pytest.mark.slow  # ~2 minutes on the shared 2-core CPU: about 17 Python processes, three of them --check-resume's
+def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(HIDE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT)]))
+    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('datasets'), "
+                            "u.find_spec('wandb')); import wandb"], env=env, capture_output=True, text=True)
+    assert probe.stdout.split() == ["None", "None"] and "ModuleNotFoundError" in probe.stderr
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", "benchmarks/gpu_suite.sh", "--device", "cpu", "--quick", str(out)], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == sorted(LOGS + ["report.md", "results.json"])  # <= 8 files
+    report = (out / "report.md").read_text()
+    for heading in ["## Commands", "## Status"] + [f"## {n}. " for n in range(1, 8)]:
+        assert heading in report, heading
+    assert "failed to render" not in report and "no figure" not in report and "not measured" not in report
+    results = json.loads((out / "results.json").read_text())
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 12
+    figures = results["results"]
+    assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 for r in figures["1"])
+    assert [r["label"] for r in figures["2"]] == [run["label"] for run in gpu_suite.pretrain_runs(True)[:4]]
+    for run in figures["2"] + figures["5"]:
+        assert run["exit_code"] == (75 if run["time_limited"] else 0)  # 75: stopped (by its time limit), saved
+        assert run["not_wrapped"] == [] and run["measured_steps"] > 0
+        assert run["tokens_per_s"] > 0 and 0 < run["useful_mfu"] and 0 <= run["data_wait_share"] < 1
+        assert run["peak_rss_gb"] > 0 and run["first_step_s"] > 0
+    # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
+    # runs did all their steps; the packed encoder computed no padding, the padded one all of it
+    assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
+        [(False, 15, 10)] * 3 + [(True, 13, 8)]
+    padded, packed = figures["2"][2], figures["2"][3]
+    assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
+    assert "last 8 of 13 (time limit)" in report
+    assert figures["5"][0]["compiled_graphs"] >= 1
+    assert [(r["first_step"], r["later_steps"]) for r in figures["3"]] == [(0, 0)] * 4
+    assert figures["4"][0]["ratio"] > 0
+    assert "**PASS**" in report
+    for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1), ("## 5.", 2)):
+        rows = table_rows(report, heading)
+        assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
+    assert {row[-1] for row in table_rows(report, "## 7.")} <= {"met", "**NOT met**"}
+    assert len(table_rows(report, "## 7.")) == 14
