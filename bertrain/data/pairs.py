@@ -12,11 +12,10 @@ differs from Google's, on purpose:
     instances is not `short_seq_prob`);
   * documents are chunked in windows of at most `WINDOW_SENTENCES` sentences (equal-sized, a chunk never crosses
     one), planned in blocks of about a million sentences: bounded loop length and scratch memory;
-  * every token of the split is in an instance of every epoch (Google's trimming past the target lost 9-26% per
-    epoch on CPython's docs). A sentence longer than an instance is cut into near-equal pieces, each an instance
-    alone with no sentence label. A chunk takes sentences until its target but never one that does not fit; only
-    two whole sentences that do not fit together are truncated: the one away from the cursor loses the excess
-    (the next chunk starts with it again, or the last one had it);
+  * every token of the split is in an instance of every epoch (Google's trimming lost 9-26% per epoch on CPython's
+    docs): a sentence longer than an instance is cut into near-equal pieces, each an instance alone (no sentence
+    label); a chunk never takes a sentence that does not fit, and only two whole sentences that do not fit together
+    are truncated, the one away from the cursor (which the next chunk reads again, or the last one had);
   * no surface feature reveals the label (`bertrain inspect DATA_DIR --pairs --audit` measures it,
     tests/test_pair_audit.py holds it within 2 points of chance). Google's rules leak it:
       - A and B are whole sentences: the chunk is chosen first (at least two sentences), then A takes its
