@@ -1,10 +1,5 @@
-"""Hugging Face interop: export to / import from transformers' BertForPreTraining / AlbertForPreTraining
-layout, and `model.init_from`.
-
-Our weights differ from transformers' only in names and in the fused query/key/value matrix, which
-is split into three on export and concatenated on import. The tied decoder is left out of the
-file, as transformers does; it re-ties it to the word embeddings on load.
-"""
+"""Hugging Face interop: export to / import from transformers' Bert/AlbertForPreTraining, and `model.init_from`.
+Only names and the fused query/key/value differ; the tied decoder is left out of the file, as transformers does."""
 
 from __future__ import annotations
 
@@ -201,8 +196,7 @@ def _normalize_hf_names(state: dict[str, torch.Tensor], config) -> dict[str, tor
 
 
 def load_hf_state_dict(model, state: dict[str, torch.Tensor], source: str = "the transformers weights") -> list[str]:
-    """Copy transformers-named weights into our model. The encoder must be complete; missing heads
-    (pooler, MLM, sentence) keep their fresh initialization and are returned by name."""
+    """Copy transformers-named weights into our model; returns the missing (freshly initialized) heads."""
     model = unwrap(model)
     state = _normalize_hf_names(state, model.config)
     ours = model.state_dict()
@@ -276,8 +270,7 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
 
 
 def initialize_from(model, path: str | Path) -> str:
-    """`model.init_from`: load a transformers BERT/ALBERT dir, a bertrain checkpoint dir, a RUN_DIR or a
-    model.safetensors file into `model` (shapes must match its config). Returns a one-line description."""
+    """`model.init_from`: load a transformers dir, checkpoint, RUN_DIR or safetensors file; a one-line description."""
     model = unwrap(model)
     path = Path(path)
     if not path.exists():

@@ -1,10 +1,5 @@
-"""`bertrain export --verify`: load an export with transformers and compare its logits with ours.
-
-Both models run on one padded batch: a single text and a longer sentence pair, encoded with the
-exported tokenizer, so padding, the attention mask and token types all take part. MLM logits are
-compared at real tokens only (transformers' logits at padding are meaningless), sentence logits for
-every row.
-"""
+"""`bertrain export --verify`: compare an export's logits under transformers with ours on one padded batch
+(a text and a longer pair); MLM logits at real tokens only (transformers' logits at padding are meaningless)."""
 
 from __future__ import annotations
 

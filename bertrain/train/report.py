@@ -1,8 +1,5 @@
-"""`bertrain report`: one self-contained HTML page of RUN_DIRs (curves, marks, data, config diff, verdict).
-
-Everything is inline (uPlot, MIT, is vendored in report_assets/; report.js draws the page from the data read
-here), curves are downsampled to MAX_POINTS, and whatever a RUN_DIR lacks is said on the page, never raised.
-"""
+"""`bertrain report`: one self-contained HTML page of RUN_DIRs (uPlot vendored in report_assets/); what a
+RUN_DIR lacks is said on the page, never raised."""
 
 from __future__ import annotations
 
