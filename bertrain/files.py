@@ -34,6 +34,13 @@ def write_atomic(path: Path, write: Callable[[Path], object], *, fsync: bool = F
     os.replace(tmp, path)
 
 
+def honour_umask(path: Path) -> None:
+    """Give `path` the mode a plain open() gives a new file (safetensors creates its files 0600)."""
+    umask = os.umask(0o077)  # reading the umask means setting it: the restrictive value meanwhile
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def file_sha256(path: str | Path) -> str:
     """sha256 hex digest of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()

@@ -152,10 +152,12 @@ def resolve_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None 
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
-    if (path / CHECKPOINTS).is_dir():
+    # A run holds its lock (and logs metrics) from its start, before its first checkpoint.
+    if (path / CHECKPOINTS).is_dir() or (path / LOCK).is_file() or (path / METRICS).is_file():
         checkpoint = find_latest_checkpoint(path, skipped, require_valid=True)
         if checkpoint is None:
-            raise DataError(f"{path}/{CHECKPOINTS} holds no complete checkpoint yet (the run saved none).")
+            raise DataError(f"RUN_DIR {path} has no checkpoint yet: the run has saved none so far (it saves every "
+                            "train.save_every steps and at the end). Try again once it has saved one.")
         return checkpoint
     if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
         problem = verify_checkpoint(path)

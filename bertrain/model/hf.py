@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from bertrain import rundir
 from bertrain.config import ModelConfig
 from bertrain.errors import ConfigError, DataError
+from bertrain.files import honour_umask
 from bertrain.model import PreTrainingModel, build_model, load_weights, unwrap
 from bertrain.model.bert import embedding_size
 from bertrain.model.from_checkpoint import model_from_checkpoint
@@ -258,12 +259,19 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
     save_file(to_hf_state_dict(model), str(out / HF_WEIGHTS), metadata={"format": "pt"})
+    honour_umask(out / HF_WEIGHTS)
     copied = []
     if tokenizer is not None and tokenizer.resolve() != out.resolve():
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copyfile(tokenizer / name, out / name)
                 copied.append(name)
+    # transformers truncates to model_max_length: more than the model's positions and a long text crashes it.
+    if (out / "tokenizer.json").is_file():
+        wrapper_path = out / "tokenizer_config.json"
+        wrapper = json.loads(wrapper_path.read_text(encoding="utf-8")) if wrapper_path.is_file() else {}
+        wrapper["model_max_length"] = model.config.max_position_embeddings
+        wrapper_path.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False), encoding="utf-8")
     return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
             "architecture": config["architectures"][0], "parameters": model.num_parameters(), "model": model,
             "skipped": skipped}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,6 +225,9 @@ class Trainer:
             raise Interrupted(f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. "
                               f"Exit code {session.exit_code}: requeue the job (or run the same command) to resume.",
                               session.exit_code)
+        if accelerator.is_main_process and session.last_checkpoint:
+            command = shlex.join(["bertrain", "export", str(self.run_dir), f"exported/{self.run_dir.name}", "--verify"])
+            self.console.print(f"Next: {command}  (a transformers model directory)", highlight=False, soft_wrap=True)
         return 0
 
     def _one_step(self, parts: Parts, session: Session) -> bool:
