@@ -90,7 +90,7 @@ def read_run(run_dir: Path, name: str) -> dict:
     missing = [k for k in TRAIN_KEYS + ("tokens_seen",) if train and all(r.get(k) is None for r in train)]
     if missing:
         notes.append(f"The training records hold no {', '.join(missing)} (an older bertrain, or not logged).")
-    aside = sorted(p.name for p in run_dir.glob("old-*") if p.is_dir())  # moved there by --resume restart
+    aside = sorted(p.name for p in run_dir.glob(f"{rundir.OLD_RUN_PREFIX}*") if p.is_dir())  # --resume restart
     if aside:
         notes.append(f"Restarted from step 0 (--resume restart): the earlier run is in {', '.join(aside)}; "
                      f"`bertrain report {run_dir / aside[-1]} {run_dir}` shows both.")
