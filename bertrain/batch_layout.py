@@ -1,11 +1,5 @@
-"""What the host knows about a training micro-batch before it reaches the device: where the masked positions
-are, their targets, the counts, and the packing (length buckets) of the unpadded path.
-
-Index plans only, numpy in and CPU tensors out: the collator (data) builds a BatchLayout from the masks it
-holds and the model reads it, so the step uses Python ints and index tensors instead of reading boolean masks
-back from the device (boolean indexing, `int(mask.sum())` and `bool(mask.all())` each wait for it).
-Torch loads on first use only: data code imports this module without it.
-"""
+"""The host's index plan of a micro-batch (masked positions, targets, counts, packing buckets), built by the
+collator so the step reads no mask back from the device. Numpy in, CPU tensors out; torch loads on first use."""
 
 from __future__ import annotations
 
@@ -40,10 +34,8 @@ def map_tensors(value, fn):
 
 @dataclass
 class Bucket:
-    """Sequences attended together, packed rows start..start+size-1 (longest first), viewed as [b, width]
-    slots. Equal lengths: the rows themselves, no copy, no mask. Otherwise `gather` [b*width] pads each
-    sequence by repeating its last row, `key_mask` [b, 1, 1, width] hides those keys and `inside` [size]
-    picks the real slots of the output."""
+    """Packed rows start..start+size-1 (longest first) viewed as [b, width] slots. Equal lengths: no copy, no mask;
+    else `gather` pads by repeating a sequence's last row, `key_mask` hides those keys, `inside` picks real slots."""
 
     start: int
     size: int
@@ -55,8 +47,7 @@ class Bucket:
 
 @dataclass
 class Packing:
-    """Where the real tokens of a right-padded [B, T] batch sit in the packed rows, and the attention plan.
-    Packed rows hold the sequences longest first (bucket order), so equal lengths make a plain slice."""
+    """Where a right-padded batch's real tokens sit in the packed rows (longest first), and the attention plan."""
 
     token_index: torch.Tensor  # [N] flat index b*T + t of each packed row
     positions: torch.Tensor    # [N] position t of each packed row in its sequence
@@ -105,8 +96,7 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 
 def is_right_padded(real: np.ndarray) -> bool:
-    """Every row is real tokens from position 0, then only padding (what the loader makes; the packed path
-    needs it, so that a row's [CLS] and positions stay where the padded path has them)."""
+    """Every row is real tokens from position 0, then only padding (the packed path needs it)."""
     lengths = real.sum(1)
     prefix = np.arange(real.shape[1])[None, :] < lengths[:, None]
     return bool((lengths > 0).all()) and bool((prefix == real).all())
@@ -154,8 +144,7 @@ def _bucket(members: np.ndarray, lengths: np.ndarray, start: int) -> Bucket:
 
 
 def pack_lengths(lengths: np.ndarray, width: int, max_buckets: int = MAX_BUCKETS) -> tuple[Packing, np.ndarray]:
-    """(the packing of right-padded rows of these lengths, [B, T] packed row of each position (garbage at
-    padding)); host work only."""
+    """(packing of right-padded rows of these lengths, [B, T] packed row of each position); host work only."""
     lengths = np.asarray(lengths, dtype=np.int64)
     buckets, start, order = [], 0, []
     for members in plan_buckets(lengths, max_buckets):
@@ -200,8 +189,7 @@ def batch_layout(attention_mask: np.ndarray, labels: np.ndarray, sentence_label:
 
 def layout_of(attention_mask: torch.Tensor | None, labels: torch.Tensor,
               sentence_label: torch.Tensor | None = None) -> BatchLayout:
-    """batch_layout of device tensors, on their device. Reads them back to the host: for a forward called
-    without a collator-made layout (tests, evaluation, inference), never in the training step."""
+    """batch_layout of device tensors, read back to the host: for tests, evaluation, inference; never the step."""
     mask = labels.new_ones(labels.shape) if attention_mask is None else attention_mask
     label = None if sentence_label is None else sentence_label.detach().cpu().numpy()
     layout = batch_layout(mask.detach().cpu().numpy(), labels.detach().cpu().numpy(), label)

@@ -1,9 +1,5 @@
-"""Console output: rich consoles (wrapped for a person at a terminal, one line per message otherwise), sizes and
-durations in words, and warnings given once per process.
-
-Not on a terminal (a log file, SLURM output, a pipe) the output is grepped and its commands are copied
-into shells, so a message must stay on one line: rich would otherwise wrap everything at 80 columns.
-"""
+"""Console output: rich consoles, sizes and durations in words, warnings given once per process. Off a terminal
+a message stays on one line (logs are grepped, commands copied into shells); rich would wrap at 80 columns."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ def is_terminal(stream: Any) -> bool:
 
 
 def make_console(stderr: bool = False, **kwargs: Any) -> Console:
-    """A Console on stdout (or stderr, or `file=`); when that is not a terminal, lines never wrap (`soft_wrap`) and
-    tables get WIDTH_WHEN_NOT_A_TERMINAL columns unless COLUMNS says otherwise."""
+    """A Console on stdout (or stderr, or `file=`); off a terminal lines never wrap and tables get a fixed width."""
     stream = kwargs.get("file") or (sys.stderr if stderr else sys.stdout)
     if is_terminal(stream):
         return Console(stderr=stderr, **kwargs)

@@ -1,10 +1,5 @@
-"""`bertrain demo`: the whole pipeline on CPython's own documentation, on a CPU, in minutes.
-
-Stages run as subprocesses of the real CLI (`python -m bertrain prepare|pretrain|export`), so the
-demo exercises exactly what a user types, each stage shows its own progress, and a crash in one
-stage cannot leave the demo's process in a half-initialized state. Fill-mask reads the exported
-Hugging Face directory back through bertrain's importer; the tests load it with `transformers`.
-"""
+"""`bertrain demo`: the whole pipeline on CPython's documentation. Stages run as subprocesses of the real CLI,
+so the demo runs what a user types and a crashed stage cannot leave this process half-initialized."""
 
 from __future__ import annotations
 
@@ -148,11 +143,7 @@ def learning_figures(run_dir: Path) -> dict[str, Any]:
 
 
 def most_frequent_baseline(data_dir: Path, run_dir: Path) -> dict[str, Any]:
-    """Accuracy of always predicting the most frequent token, at the validation split's masked positions.
-
-    Uses the same validation batches (fixed masks) as the trainer's evaluation, so it is the exact
-    score of the constant predictor that the model's validation MLM accuracy is compared with.
-    """
+    """Accuracy of always predicting the most frequent token at the validation masked positions."""
     config = load_config(run_dir / rundir.CONFIG)
     prepared = open_prepared(data_dir)
     micro_batch_size = micro_batch_size_for(config, world_size=1)
@@ -199,8 +190,7 @@ def prepare_out_dir(out: Path, keep: tuple[str, ...] = ()) -> None:
 
 
 def resumable_step(out: Path, model: str, steps: Optional[int]) -> Optional[int]:
-    """The step an interrupted demo in OUT with the same model and steps resumes training from (0: data
-    prepared, no checkpoint yet), or None when it must start over."""
+    """The step an interrupted demo in OUT with the same settings resumes from, or None to start over."""
     try:
         state = json.loads((out / STATE).read_text())
     except (OSError, ValueError):
@@ -224,8 +214,7 @@ def stop_advice(out: Path, model: str, steps: Optional[int], quick: bool) -> str
 
 
 def pretrain_overrides(steps: Optional[int], default_steps: int) -> list[str]:
-    """--set overrides: a checkpoint every tenth of the run (a stopped demo resumes near where it stopped), and
-    for --steps N a shorter run that evaluates 4 times."""
+    """--set overrides: a checkpoint every tenth of the run; with --steps N, 4 evaluations."""
     total = default_steps if steps is None else steps
     if total < 1:
         raise UsageError(f"--steps must be at least 1, got {total}.")
@@ -239,8 +228,7 @@ def pretrain_overrides(steps: Optional[int], default_steps: int) -> list[str]:
 
 def run_demo(model: str = "albert", out: Path = Path("bertrain-demo"), steps: Optional[int] = None,
              quick: bool = False, console: Optional[Console] = None) -> DemoResult:
-    """Run every stage (resuming an interrupted demo in OUT) and return the figures; prints progress and a
-    closing summary to `console`. When stopped, raises Interrupted saying whether running it again resumes."""
+    """Run every stage (resuming an interrupted demo in OUT), print progress and a summary; return the figures."""
     console = console or make_console()
     if model not in TOKENIZER_OF_MODEL:
         raise UsageError(f"--model must be 'albert' or 'bert', got '{model}'.")

@@ -1,10 +1,5 @@
-"""Each worker's exit code, written where `bertrain launch` reads it: launchers (torchrun, accelerate launch)
-turn every worker failure into exit 1, which hides the 2 (bad config) and 75 (checkpointed, requeue me) that a
-job script acts on.
-
-A worker started by `bertrain launch` finds BERTRAIN_EXIT_STATUS_DIR in its environment and writes
-`rank-{RANK}.json` there on exit; the launch command combines the files into one exit code (`combine_exit_codes`).
-"""
+"""Each worker's exit code, written as rank-{RANK}.json into BERTRAIN_EXIT_STATUS_DIR for `bertrain launch`:
+launchers turn every worker failure into exit 1, hiding the 2 and 75 that a job script acts on."""
 
 from __future__ import annotations
 
@@ -61,11 +56,8 @@ def _ranks(exits: list[WorkerExit], code: int) -> str:
 
 
 def combine_exit_codes(exits: list[WorkerExit], launcher_code: int) -> tuple[int, str]:
-    """One exit code for the job and a sentence saying why.
-
-    A bad config (2) on any rank wins, then an error (1); workers that all stopped with one code (75 after a
-    signal-triggered checkpoint, or 0) give that code; without any record, the launcher's own code stands.
-    """
+    """One exit code for the job and why: a bad config (2) on any rank wins, then an error (1); workers that all
+    stopped with one code give it; without any record, the launcher's own code stands."""
     if not exits:
         return launcher_code, f"no worker recorded an exit status; the launcher's exit code {launcher_code} stands"
     codes = {worker.code for worker in exits}

@@ -26,13 +26,19 @@ def fsync_path(path: Path) -> None:
 
 
 def write_atomic(path: Path, write: Callable[[Path], object], *, fsync: bool = False) -> None:
-    """Call `write(tmp)` on a sibling temporary file, then rename it to `path`: readers see the old file
-    or the new one, never half of one. `fsync` also makes the new content survive a power loss."""
+    """Write `path` through a renamed sibling temporary file (never half a file); `fsync` survives power loss."""
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     if fsync:
         fsync_path(tmp)
     os.replace(tmp, path)
+
+
+def honour_umask(path: Path) -> None:
+    """Give `path` the mode a plain open() gives a new file (safetensors creates its files 0600)."""
+    umask = os.umask(0o077)  # reading the umask means setting it: the restrictive value meanwhile
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -50,11 +56,8 @@ class LockHeld(Exception):
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path, *, wait: bool) -> Iterator[None]:
-    """Hold an exclusive flock on `path` (created if missing) for the block.
-
-    The kernel drops a flock when its process dies, kill -9 included, so a lock is never stale.
-    With `wait=False` a held lock raises LockHeld naming its holder instead of waiting.
-    """
+    """Hold an exclusive flock on `path` (created if missing); the kernel drops it when its process dies, so it
+    is never stale. With `wait=False` a held lock raises LockHeld naming its holder."""
     handle = open(path, "a+")
     try:
         try:

@@ -1,21 +1,5 @@
-"""The run directory: the name of every file a run writes (here and nowhere else), and reading its checkpoints.
-
-RUN_DIR/
-  config.yaml  metrics.jsonl  wandb_id.txt  wandb/    the run's config, metrics and wandb run
-  .lock                  held by the run training into it (train/checkpoint.py)
-  tokenizer/             the prepared data's tokenizer (copied by the trainer)
-  old-<time>/            what `--resume restart` moved aside, itself a RUN_DIR
-  checkpoints/step-00001000/
-    model.safetensors  config.yaml  train_state.json  data.json
-    optimizer  scheduler  scaler  rng-rank00000     each NAME.json + NAME.safetensors (train/state_files.py)
-    checksums.json         sha256 of every other file
-    COMPLETE               written last: sha256 of checksums.json
-  checkpoints/.tmp-step-00001000/                     a save in progress (train/checkpoint.py)
-
-A checkpoint counts only when COMPLETE exists, every checksum matches and no file was added after the
-save, so a crash at any point of a save leaves the previous checkpoint as the newest valid one. A RUN_DIR
-whose checkpoints are all invalid is an error (`NoValidCheckpoint`), never a silent fresh start.
-"""
+"""The run directory: the name of every file a run writes (here only), and reading its checkpoints. A checkpoint
+counts only when COMPLETE exists and every checksum matches; a RUN_DIR of invalid ones is an error."""
 
 from __future__ import annotations
 
@@ -124,8 +108,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
 
 
 def legacy_pickle_files(checkpoint: str | Path) -> list[Path]:
-    """The pickle files of an older-format checkpoint (optimizer.pt, scheduler.pt, rng-rank00000.pt ...):
-    loading them can run code, so the trainer refuses them unless the user opts in."""
+    """The pickle files of an older-format checkpoint (loading them can run code)."""
     return sorted(p for p in Path(checkpoint).rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
 
 
@@ -146,10 +129,8 @@ def incomplete_saves(run_dir: str | Path) -> list[Path]:
 
 def find_latest_checkpoint(run_dir: str | Path, skipped: list[tuple[Path, str]] | None = None, *,
                            require_valid: bool = False) -> Path | None:
-    """The newest valid checkpoint of RUN_DIR; invalid ones met on the way are appended to `skipped`.
-
-    None when there is none; with `require_valid`, None only when the run has no checkpoint at all (a
-    fresh run), and NoValidCheckpoint when it has some but none is valid."""
+    """The newest valid checkpoint of RUN_DIR (invalid ones go to `skipped`), or None; with `require_valid`,
+    None only for a run with no checkpoint at all, and NoValidCheckpoint when none is valid."""
     rejected = [(p, "incomplete save (interrupted before it finished)") for p in incomplete_saves(run_dir)]
     found = None
     for path in iter_checkpoints(run_dir):
@@ -167,15 +148,16 @@ def find_latest_checkpoint(run_dir: str | Path, skipped: list[tuple[Path, str]] 
 
 
 def resolve_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = None) -> Path:
-    """The checkpoint a user means by PATH: a RUN_DIR's newest valid checkpoint (invalid ones met on
-    the way are appended to `skipped`), or a checkpoint dir as given once it verifies."""
+    """The checkpoint PATH means: a RUN_DIR's newest valid one (invalid ones to `skipped`) or a verified dir."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist.")
-    if (path / CHECKPOINTS).is_dir():
+    # A run holds its lock (and logs metrics) from its start, before its first checkpoint.
+    if (path / CHECKPOINTS).is_dir() or (path / LOCK).is_file() or (path / METRICS).is_file():
         checkpoint = find_latest_checkpoint(path, skipped, require_valid=True)
         if checkpoint is None:
-            raise DataError(f"{path}/{CHECKPOINTS} holds no complete checkpoint yet (the run saved none).")
+            raise DataError(f"RUN_DIR {path} has no checkpoint yet: the run has saved none so far (it saves every "
+                            "train.save_every steps and at the end). Try again once it has saved one.")
         return checkpoint
     if (path / WEIGHTS).is_file() and (path / CONFIG).is_file():
         problem = verify_checkpoint(path)

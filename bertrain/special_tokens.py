@@ -1,8 +1,5 @@
-"""The special tokens, word markers and shipped model of both tokenizer kinds: the one place that names them.
-
-Both kinds put the special tokens at the same ids, so data, model and export code agree on them
-without reading a tokenizer.
-"""
+"""The special tokens, word markers and shipped model of both tokenizer kinds (here only). Both kinds put the
+special tokens at the same ids, so code agrees on them without reading a tokenizer."""
 
 SPECIAL_TOKENS = {
     "wordpiece": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},

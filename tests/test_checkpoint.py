@@ -95,7 +95,7 @@ def test_resolve_a_run_dir_takes_its_newest_valid_checkpoint(tmp_path):
     with pytest.raises(rundir.NoValidCheckpoint, match="none is valid"):
         rundir.resolve_checkpoint(tmp_path)
     (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
-    with pytest.raises(DataError, match="no complete checkpoint"):
+    with pytest.raises(DataError, match="has no checkpoint yet"):
         rundir.resolve_checkpoint(tmp_path / "empty")
 
 

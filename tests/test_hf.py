@@ -251,6 +251,57 @@ def test_load_for_inference_refuses_a_dir_that_is_not_a_model(tmp_path, run_cli)
     assert code == 2 and "does not exist" in " ".join(err.split())
 
 
+def test_export_of_a_run_dir_with_no_checkpoint_yet_says_so(exported, tmp_path, run_cli):
+    kind, model, tokenizer_dir, _, _ = exported
+    run_dir = tmp_path / "run"  # as a run leaves it before its first save: lock, config, tokenizer, metrics
+    shutil.copytree(tokenizer_dir, run_dir / "tokenizer")
+    (run_dir / ".lock").write_text("pid 1 on host since then\n")
+    (run_dir / "config.yaml").write_text(dump_yaml(Config(data=DataConfig(max_seq_length=64), model=model.config)))
+    for extra in (None, "metrics.jsonl", "checkpoints"):
+        if extra == "metrics.jsonl":
+            (run_dir / ".lock").unlink()
+            (run_dir / extra).write_text("")
+        elif extra == "checkpoints":
+            (run_dir / extra).mkdir()
+        code, out, err = run_cli("export", str(run_dir), str(tmp_path / "out"))
+        text = " ".join(err.split())
+        assert code == 1, (extra, out, err)
+        assert f"RUN_DIR {run_dir} has no checkpoint yet: the run has saved none so far" in text
+        assert "not a RUN_DIR" not in text and "neither" not in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_fits_the_model_positions_and_honours_the_umask(exported, tmp_path):
+    kind, model, tokenizer_dir, _, _ = exported
+    positions = model.config.max_position_embeddings
+    old_umask = os.umask(0o022)
+    try:
+        export_hf(model, tmp_path / "out", tokenizer_dir=tokenizer_dir)
+        os.umask(0o027)
+        export_hf(model, tmp_path / "private", tokenizer_dir=tokenizer_dir)
+    finally:
+        os.umask(old_umask)
+    for out, mode in ((tmp_path / "out", 0o644), (tmp_path / "private", 0o640)):
+        modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+        assert "model.safetensors" in modes and "tokenizer_config.json" in modes
+        assert set(modes.values()) == {mode}, modes
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tokenizer.model_max_length == positions
+    text = " ".join(TEXTS * positions).replace("[MASK]", "word")  # longer than the model
+    batch = tokenizer(text, truncation=True, return_tensors="pt")
+    assert batch["input_ids"].shape[1] == positions
+    auto = transformers.AutoModel.from_pretrained(tmp_path / "out").eval()
+    pretraining = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert auto(**batch).last_hidden_state.shape[1] == positions
+        theirs = pretraining(**batch).prediction_logits
+        ours = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).mlm_logits
+    assert_rounding_close(ours, theirs, **rounding(model))
+    pipe = transformers.pipeline("fill-mask", model=str(tmp_path / "out"), tokenizer=str(tmp_path / "out"),
+                                 device="cpu")
+    assert len(pipe(f"{TEXTS[0]} {text}", top_k=2, tokenizer_kwargs={"truncation": True})) == 2
+
+
 def test_export_and_fill_mask_of_a_run_dir_with_no_valid_checkpoint_exit_1_naming_each(exported, tmp_path, run_cli):
     kind, model, _, _, run_dir = exported
     broken = tmp_path / "run"
@@ -306,6 +357,7 @@ def test_export_verify_compares_logits_with_transformers_on_a_padded_batch(expor
     assert code == 0, err
     line = " ".join(out.split())
     assert "PASS" in line and "tolerance 1e-04" in line
+    assert f"a long text truncated to {model.config.max_position_embeddings} tokens" in line
     mlm, sentence = (float(x) for x in re.search(r"MLM logits (\S+) .*sentence logits (\S+);", line).groups())
     assert 0 <= mlm <= 1e-4 and 0 <= sentence <= 1e-4
     # The batch pads one row and gives the other two segments; the API reports the same figures.

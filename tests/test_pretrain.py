@@ -307,6 +307,8 @@ def test_token_budget_stops_at_the_first_step_that_reaches_it(run_cli, tmp_path,
     run_dir = tmp_path / "run"
     code, text = _pretrain(run_cli, config, tiny_data, run_dir)
     assert code == 0, text
+    # The summary ends with the command to run next, on this RUN_DIR.
+    assert text.endswith(f"Next: bertrain export {run_dir} exported/run --verify (a transformers model directory)")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     seen = [r["tokens_seen"] for r in records if r["kind"] == "train"]
     assert seen[-1] >= 1500 > seen[-2]

@@ -1,8 +1,5 @@
-"""The Typer app and the options and consoles every command module shares.
-
-Help text is written for Typer's own rendering: after a docstring's first paragraph each paragraph is one
-source line (Typer keeps the source's line breaks there) and each example fits 80 columns (its width in a pipe).
-"""
+"""The Typer app and the options and consoles every command module shares. Help text: after a docstring's first
+paragraph each paragraph is one source line (Typer keeps source line breaks) and each example fits 80 columns."""
 
 from __future__ import annotations
 

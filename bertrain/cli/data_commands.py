@@ -102,8 +102,7 @@ def tokenizer_train(
     from bertrain.config import load_recipe
     from bertrain.data.tokenizer_recipe import train_tokenizer_from_recipe
 
-    loaded = load_recipe(recipe, _overrides(overrides, source, tokenizer__kind=kind,
-                                            tokenizer__vocab_size=vocab_size))
+    loaded = load_recipe(recipe, _overrides(overrides, source, tokenizer__kind=kind, tokenizer__vocab_size=vocab_size))
     stats = train_tokenizer_from_recipe(loaded, out, console=console)
     table = Table(title=f"Tokenizer {out}", show_header=False)
     for key, value in stats.items():

@@ -1,9 +1,5 @@
-"""`bertrain launch`: run a launcher (torchrun, accelerate launch) and exit with the workers' own code.
-
-Launchers exit 1 whatever their workers said, so a job script could not tell a preempted run (75) from a bad
-config (2). Each worker records its exit code in a directory made here (bertrain.exit_status); the launcher runs
-in its own process group, gets every stop signal this process gets, and dies with it (even after a kill -9).
-"""
+"""`bertrain launch`: run a launcher and exit with the workers' own code (launchers exit 1 whatever their workers
+said). The launcher runs in its own process group, gets every stop signal this process gets, and dies with it."""
 
 from __future__ import annotations
 

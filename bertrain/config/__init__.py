@@ -1,9 +1,5 @@
 """Typed configuration: dataclasses loaded from YAML, `--set section.key=value` overrides, validation.
-
-schema.py holds the sections (every key documented in its field's `help`), yaml_tree.py the general
-typed-YAML engine, validate.py the cross-field checks, reference.py the generated docs, load.py the
-entry points, resume_keys.py which keys a resume may change. Import from here: `from bertrain.config import ...`.
-"""
+Import from here: `from bertrain.config import ...`."""
 
 from bertrain.config.load import load_config, load_config_or_recipe, load_recipe
 from bertrain.config.reference import config_reference_markdown, explain_lines
@@ -19,7 +15,7 @@ __all__ = [
     "AUTO_MIN_PADDED_WIDTH", "AUTO_MIN_PADDING_SHARE", "MAX_AUTO_WORKERS", "Config", "ConfigWarning", "DataConfig",
     "LoggingConfig", "ModelConfig", "OptimConfig", "PrepareConfig", "Recipe", "SourceConfig", "TokenizerConfig",
     "TrainConfig", "build_dataclass", "check_precision_for_device", "config_reference_markdown", "describe_yaml",
-    "dump_yaml", "explain_lines", "flatten", "fit_micro_batch_size", "load_config", "load_config_or_recipe", "load_recipe",
-    "micro_batch_size_for", "read_yaml", "resolve_config_path", "set_dotted", "shipped_dir", "shipped_files",
-    "to_dict", "validate_model",
+    "dump_yaml", "explain_lines", "flatten", "fit_micro_batch_size", "load_config", "load_config_or_recipe",
+    "load_recipe", "micro_batch_size_for", "read_yaml", "resolve_config_path", "set_dotted", "shipped_dir",
+    "shipped_files", "to_dict", "validate_model",
 ]

@@ -1,6 +1,5 @@
 """Which config keys may change between a checkpoint and the run that resumes it (train/resume_rules.py applies
-them; tests/test_run_safety.py checks that every config key is in exactly one list). Torch-free, so that the
-CLI's `--force` help is written from them."""
+them). Torch-free, so that the CLI's `--force` help is written from them."""
 
 from __future__ import annotations
 

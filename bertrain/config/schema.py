@@ -1,7 +1,5 @@
-"""The config schema: one dataclass per section, every key documented in its field's `help`.
-
-`docs/config.md` is generated from these helps (`bertrain config reference`); a test keeps it in sync.
-"""
+"""The config schema: one dataclass per section, every key documented in its field's `help` (docs/config.md is
+generated from these; a test keeps it in sync)."""
 
 from __future__ import annotations
 
@@ -18,19 +16,13 @@ def opt(default: Any, help: str, aliases: tuple[str, ...] = (), **kwargs: Any) -
     return field(default=default, metadata=metadata, **kwargs)
 
 
-# ----------------------------------------------------------------------------------------------
-# Sections of a training config
-# ----------------------------------------------------------------------------------------------
+# ---- Sections of a training config ----
 
 # `data.num_workers: auto` on an accelerator: the process's cores less one, at most this (data/loader.py).
 MAX_AUTO_WORKERS = 4
-# `model.unpad: auto` packs a micro-batch when its padding share reaches AUTO_MIN_PADDING_SHARE, or padding share x
-# hidden_size reaches AUTO_MIN_PADDED_WIDTH (model/forward_plan.py). Packing saves the projections and feed-forward on
-# padding (~24·H² FLOPs a padded token) and costs a few gathers of [N, 3H] rows and one SDPA call per bucket in
-# every layer: at a small H a fixed cost of the order of the work saved. Measured with benchmarks/unpad.py on a
-# 2-core CPU (training step, real tokens/s, unpadded / padded, NSP batches of the pydoc data): seq 128 (16-18%
-# padding): tiny (H 128) 0.94x, small (H 256) 1.01x, bert-base (H 768) 1.12x; seq 512 (38-59% padding): tiny
-# 1.30x, small 1.37x, bert-base 1.68x. The only loss, tiny at 18%, is the only point below both thresholds.
+# `model.unpad: auto` packs a micro-batch when its padding share reaches AUTO_MIN_PADDING_SHARE or padding share x
+# hidden_size reaches AUTO_MIN_PADDED_WIDTH: packing saves ~24·H² FLOPs a padded token but costs gathers and one SDPA
+# call per bucket per layer, a fixed cost a small H does not repay (measured with benchmarks/unpad.py: README).
 AUTO_MIN_PADDING_SHARE = 0.30
 AUTO_MIN_PADDED_WIDTH = 40.0
 
@@ -194,9 +186,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
-# ----------------------------------------------------------------------------------------------
-# A data recipe (`bertrain prepare --recipe`)
-# ----------------------------------------------------------------------------------------------
+# ---- A data recipe (`bertrain prepare --recipe`) ----
 
 
 @dataclass

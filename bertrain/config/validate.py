@@ -1,7 +1,4 @@
-"""Config validation: every check that needs only the config's values (no data, no model, no processes).
-
-Types are checked while the YAML is read (`yaml_tree`); these are the cross-field rules types cannot express.
-"""
+"""Config validation: the cross-field rules that types cannot express and that need only the config's values."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ _POSITIVE_MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads
 
 
 def validate(config: Any) -> None:
-    """Cross-field checks of a training config or a data recipe; raises ConfigError naming the key and
-    warns (ConfigWarning, once per message) about values that run but are probably a mistake."""
+    """Cross-field checks of a config or recipe: ConfigError naming the key, or a ConfigWarning once."""
     if isinstance(config, Config):
         validate_model(config.model)
         _validate_data(config.data, config.model)
@@ -45,8 +41,7 @@ def _in_unit_interval(value: float, key: str, include_one: bool = False) -> None
 
 
 def validate_model(model: ModelConfig) -> None:
-    """The model section's own rules: positive sizes (vocab_size may be null: the trainer takes it from the data),
-    heads dividing hidden_size, ALBERT groups dividing layers."""
+    """The model section: positive sizes (vocab_size may be null), heads dividing hidden_size, groups layers."""
     if model.vocab_size is not None and model.vocab_size < 1:
         raise ConfigError(f"model.vocab_size must be at least 1, got {model.vocab_size}.")
     for key in _POSITIVE_MODEL_KEYS:
@@ -120,8 +115,7 @@ def _validate_optim(optim: OptimConfig) -> None:
     _require(optim.weight_decay >= 0, "optim.weight_decay", "0 or more", optim.weight_decay)
     _require(optim.warmup_steps >= 0, "optim.warmup_steps", "0 or more", optim.warmup_steps)
     if optim.max_grad_norm is not None:
-        _require(optim.max_grad_norm > 0, "optim.max_grad_norm", "positive (or null: no clipping)",
-                 optim.max_grad_norm)
+        _require(optim.max_grad_norm > 0, "optim.max_grad_norm", "positive (or null: no clipping)", optim.max_grad_norm)
 
 
 def config_warnings(config: Config) -> list[str]:
@@ -139,8 +133,7 @@ def config_warnings(config: Config) -> list[str]:
 
 
 def check_precision_for_device(mixed_precision: str, device_type: str) -> None:
-    """Refuse `train.mixed_precision: fp16` on a CPU (fp16 autocast with a loss scaler is a CUDA feature): for the
-    trainer once the device is known (a config alone cannot know it)."""
+    """Refuse `train.mixed_precision: fp16` on a CPU (fp16 autocast with a loss scaler is CUDA only)."""
     if mixed_precision == "fp16" and device_type == "cpu":
         raise ConfigError(
             "Config key 'train.mixed_precision' is 'fp16', but this run is on the CPU: fp16 autocast with a loss "
@@ -166,6 +159,5 @@ def micro_batch_size_for(config: Config, world_size: int) -> int:
 
 
 def fit_micro_batch_size(instances: int, micro_batch_size: int, world_size: int = 1) -> int:
-    """`micro_batch_size`, or for a split with fewer `instances` than one global micro-batch (a small corpus)
-    one smaller micro-batch of each rank's share (at least 1), so that tools still see what there is."""
+    """`micro_batch_size`, or for a split smaller than one global micro-batch each rank's share (at least 1)."""
     return max(1, min(micro_batch_size, instances // world_size))

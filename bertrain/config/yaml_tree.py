@@ -1,8 +1,5 @@
-"""A typed-YAML engine: strict reading, coercion to annotated dataclass trees, `--set` overrides.
-
-General over any dataclass tree (it knows no config keys); errors name the key, the value and what to do,
-with the nearest valid key suggested.
-"""
+"""A typed-YAML engine over any dataclass tree: strict reading, coercion, `--set` overrides; errors name the
+key, the value and what to do, with the nearest valid key suggested."""
 
 from __future__ import annotations
 
@@ -188,12 +185,8 @@ def _leaf_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, datacl
 
 
 def nearest_key(name: str, cls: type, prefix: str = "", root: type | None = None) -> str | None:
-    """The valid dotted key a user most likely meant by `name` inside section `cls` (at `prefix`), or None.
-
-    In order: a documented alias (field metadata `aliases`, e.g. `learning_rate` for `lr`), the same key or
-    alias in another section of `root` (`train.warmup_steps` → `optim.warmup_steps`), a close spelling,
-    the key's initials (`learning_rate` → `lr`), a close spelling in another section.
-    """
+    """The valid dotted key a user most likely meant by `name` inside section `cls` (at `prefix`), or None: an
+    alias, the key in another section, a close spelling, the key's initials, a close spelling elsewhere."""
     fields = dataclasses.fields(cls)
     names = [f.name for f in fields]
     for f in fields:
@@ -290,8 +283,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def shipped_dir(kind: str) -> Path:
-    """The directory of the shipped `configs` or `data_recipes` (package data; the top-level `configs/` and
-    `data_recipes/` of a checkout are symlinks to them)."""
+    """The directory of the shipped `configs` or `data_recipes` (package data)."""
     return Path(__file__).resolve().parents[1] / kind
 
 
@@ -336,8 +328,7 @@ def resolve_config_path(name: str | Path, kind: str = "configs") -> Path:
 
 
 def read_tree(cls: type, path: str | Path | None, overrides: typing.Iterable[str] = (), kind: str = "configs") -> Any:
-    """A YAML file (or nothing) plus `section.key=value` overrides built into the dataclass tree `cls`
-    (types checked; cross-field checks are `bertrain.config.validate`'s)."""
+    """A YAML file (or nothing) plus `section.key=value` overrides built into the dataclass tree `cls`."""
     tree: dict = {}
     if path is not None:
         tree = read_yaml(resolve_config_path(path, kind))

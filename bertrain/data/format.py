@@ -1,24 +1,16 @@
-"""The prepared-corpus format: the contract between `bertrain prepare` and training.
+"""The prepared-corpus format, the contract between `bertrain prepare` and training:
 
 DATA_DIR/
-  manifest.json                      counts, tokenizer facts, settings, fingerprint (see below)
+  manifest.json                      fingerprint (sha256 of the rest), format_version 1, tokenizer {kind, word_marker,
+                                     vocab_size, sha256, special token ids and strings}, token_dtype, per-split shard
+                                     and total counts; sources, counts, settings: free-form records
   tokenizer/                         tokenizer.json + tokenizer_config.json + special_tokens_map.json
-  train/shard-00000.tokens.npy       1-D uint16 (vocab <= 65536) or uint32: all sentences' tokens, concatenated
-  train/shard-00000.sentences.npy    1-D int64, n_sentences + 1 token offsets: sentence i = tokens[s[i]:s[i+1]]
-  train/shard-00000.documents.npy    1-D int64, n_documents + 1 sentence offsets: doc j = sentences d[j]..d[j+1]
-  validation/shard-00000.*.npy       the same for the validation split
+  {split}/shard-NNNNN.tokens.npy     1-D uint16 (vocab <= 65536) or uint32: all sentences' tokens, concatenated
+  {split}/shard-NNNNN.sentences.npy  1-D int64, n_sentences + 1 token offsets: sentence i = tokens[s[i]:s[i+1]]
+  {split}/shard-NNNNN.documents.npy  1-D int64, n_documents + 1 sentence offsets: doc j = sentences d[j]..d[j+1]
 
-Arrays are plain `.npy` files, opened with `np.load(mmap_mode="r")`. A shard is complete only
-when all three files exist; writers create them under temporary names and rename.
-
-manifest.json (the keys training relies on):
-  format_version: 1
-  fingerprint: sha256 hex of everything below except itself
-  tokenizer: {kind: "wordpiece"|"unigram", word_marker: "##"|"▁", vocab_size, sha256,
-              special_tokens: {pad, unk, cls, sep, mask} -> ids, special_token_strings: {...}}
-  token_dtype: "uint16" | "uint32"
-  splits: {train|validation: {shards: [{name, documents, sentences, tokens}], documents, sentences, tokens}}
-  sources, counts, settings: free-form records of what was read and skipped
+Opened with np.load(mmap_mode="r"); a shard is complete only when its three files exist (written under temporary
+names, then renamed).
 """
 
 from __future__ import annotations

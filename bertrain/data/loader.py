@@ -1,12 +1,5 @@
-"""Training and validation batches from a prepared DATA_DIR: resumable, rank-sharded, deterministic.
-
-Global micro-batch m of an epoch holds instances order[m*G:(m+1)*G], G = micro_batch_size *
-world_size; rank r takes [r*micro_batch_size:(r+1)*micro_batch_size] of it and the last incomplete
-global micro-batch is dropped, so every rank gets the same count (uneven counts stall DDP). The
-dataset is map-style with one item per micro-batch: item m is a pure function of (data, config,
-seed, epoch, m, rank), so starting at any micro-batch is O(1) and workers never change results.
-For a CUDA device the loader pins each micro-batch's memory (the step copies it with non_blocking).
-"""
+"""Training and validation batches: resumable, rank-sharded, deterministic. The last incomplete global micro-batch
+is dropped (uneven counts stall DDP); item m is a pure function of (data, config, seed, epoch, m, rank)."""
 
 from __future__ import annotations
 
@@ -148,8 +141,7 @@ class MicroBatchDataset:
 
 
 class MicroBatchLoader:
-    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers (training
-    runs use train/stream.py's TrainStream, which also pins batches for a CUDA device)."""
+    """Iterates micro-batches start..stop-1 of a MicroBatchDataset, in-process or with workers."""
 
     def __init__(self, dataset: MicroBatchDataset, start: int, stop: int, num_workers: int = 0):
         self.dataset, self.start, self.stop, self.num_workers = dataset, start, stop, num_workers
@@ -164,8 +156,7 @@ class MicroBatchLoader:
 
 
 def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory: bool) -> Iterator[dict[str, Any]]:
-    """dataset[key] for each key, in this process or from `num_workers` worker processes that live as long as
-    the iterator (each prefetches 4 micro-batches); page-locked when `pin_memory`."""
+    """dataset[key] for each key, in-process or from `num_workers` workers (prefetching 4), pinned if asked."""
     if num_workers <= 0:
         for key in keys:
             batch = dataset[key]
@@ -248,8 +239,7 @@ def empty_epoch_error(prepared: PreparedData, instances: int, micro_batch_size: 
 
 def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,
                        rank: int, world_size: int, start_micro_batch: int = 0) -> MicroBatchLoader:
-    """This rank's micro-batches of an epoch, starting at `start_micro_batch` in O(1), for CPU-side tools
-    (`num_workers: auto` is 0 here)."""
+    """This rank's micro-batches of an epoch from `start_micro_batch` in O(1), for CPU-side tools."""
     dataset = train_dataset(prepared, data_config, seed=seed, epoch=epoch, micro_batch_size=micro_batch_size,
                             rank=rank, world_size=world_size)
     total = len(dataset)

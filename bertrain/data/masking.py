@@ -1,20 +1,5 @@
-"""Dynamic masking: which tokens the MLM head predicts, and what the model sees there.
-
-Two entry points with the same statistics:
-  * `mask_tokens` — the classic torch version driven by a `torch.Generator` (token masking only),
-    for users and tests.
-  * `Collator` — what the loaders use. Its randomness is *counter based*: every draw is a hash
-    of (instance key, unit index, stream), where the instance key is a hash of (seed, split,
-    epoch, position of the instance in the epoch). So an instance's masks never depend on which
-    batch, rank or worker builds it — 2 ranks x B and 1 rank x 2B give identical data, and a
-    resumed run sees exactly what an uninterrupted one would.
-
-Units: `token` masks tokens independently; `whole_word` decides per word (a word starts at a token
-without the `##` prefix for WordPiece, at a token with the `▁` prefix for Unigram; the first token
-of each segment always starts one); `ngram` (ALBERT) covers spans of 1..ngram_max words with
-P(n) ∝ 1/n. In every mode each eligible token is chosen with probability `mlm_probability`, and
-the 80/10/10 decision is made once per unit (per word in the word modes).
-"""
+"""Dynamic masking (token, whole_word, ngram units; 80/10/10 once per unit). The loaders' `Collator` hashes
+(instance key, unit, stream), so masks never depend on which batch, rank or worker builds an instance."""
 
 from __future__ import annotations
 
@@ -42,11 +27,8 @@ STREAM_CHOOSE, STREAM_ACTION, STREAM_RANDOM_ID, STREAM_PRIORITY, STREAM_SPAN = r
 def mask_tokens(input_ids, special_tokens_mask, vocab_size: int, mask_token_id: int, generator,
                 mlm_probability: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1, *,
                 pad_token_id: int = SPECIAL_IDS["pad"], first_regular_id: int = FIRST_REGULAR_ID):
-    """BERT masking of a [B, T] batch: returns (masked input_ids, labels: IGNORE_INDEX where not chosen).
-
-    Chosen: each non-special, non-padding position with probability `mlm_probability`; of those,
-    `mask_prob` become [MASK], `random_prob` a random non-special id (>= first_regular_id), the rest stay.
-    """
+    """BERT masking of a [B, T] batch: (masked input_ids, labels: IGNORE_INDEX where not chosen). Of the chosen
+    positions `mask_prob` become [MASK], `random_prob` a random non-special id, the rest stay."""
     import torch  # seconds to import: only this torch-driven variant needs it, not the numpy masking
 
     eligible = ~special_tokens_mask.bool() & (input_ids != pad_token_id)
@@ -79,8 +61,7 @@ def instance_keys(seed: int, stream: int, epoch: int, positions: np.ndarray) -> 
 
 
 def keyed_bits(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarray:
-    """53 uniform random bits per (key, unit, stream), broadcasting keys against units: the
-    SplitMix64 output number `unit` of a generator seeded with the instance key."""
+    """53 random bits per (key, unit, stream): SplitMix64 output `unit` of a generator seeded with the key."""
     with np.errstate(over="ignore"):
         counter = units.astype(np.uint64) * _GOLDEN + np.uint64(stream) * _STREAM
         return splitmix64(keys ^ counter) >> np.uint64(11)
@@ -124,11 +105,8 @@ def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vo
 
 
 def ngram_start_probability(mlm_probability: float, ngram_max: int) -> float:
-    """Probability q that a word starts a span, so that a word is covered with `mlm_probability`.
-
-    A word w is covered when some start w-k (k < n_max) is drawn and its span is longer than k:
-    P(covered) = 1 - prod_k (1 - q * P(n > k)), with P(n) ∝ 1/n. Solved for q by bisection.
-    """
+    """Probability q that a word starts a span so that a word is covered with `mlm_probability`: solves
+    1 - prod_k (1 - q * P(n > k)) = p, P(n) ∝ 1/n, by bisection."""
     weights = 1.0 / np.arange(1, ngram_max + 1)
     longer = weights[::-1].cumsum()[::-1] / weights.sum()      # P(n > k) for k = 0..n_max-1
     low, high = 0.0, 1.0
@@ -208,8 +186,7 @@ def _cap(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, chosen:
 
 def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.ndarray,
                keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keyed masking of an assembled [B, T] batch; returns (masked ids, labels). `special` marks
-    [CLS], [SEP] and padding; `keys` [B] are the instances' keys (see `instance_keys`)."""
+    """Keyed masking of a [B, T] batch -> (masked ids, labels); `special` marks [CLS], [SEP], padding."""
     eligible = ~special
     if settings.masking == "token":
         units = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)

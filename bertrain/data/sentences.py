@@ -1,10 +1,5 @@
-"""A fast rule-based sentence splitter for English-like prose.
-
-A boundary candidate is terminal punctuation (. ! ? …), optional closing quotes/brackets, then
-whitespace. It is a boundary unless the next word starts lowercase, or the period ends a known
-abbreviation ("Dr.", "e.g.") or an initial ("J. R. R. Tolkien"). Decimals ("3.14") never match
-because a candidate needs whitespace after the punctuation.
-"""
+"""A rule-based sentence splitter for English-like prose: terminal punctuation, optional closing quotes, then
+whitespace, unless the next word starts lowercase or the period ends an abbreviation or an initial."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Train and load WordPiece (BERT) and Unigram (ALBERT/SentencePiece-style) tokenizers.
-
-Both kinds put the special tokens at the same ids (pad=0, unk=1, cls=2, sep=3, mask=4) and get a
-TemplateProcessing post-processor ("[CLS] A [SEP] B [SEP]", token types 0/1). The saved directory
-holds tokenizer.json plus the small wrapper files transformers.AutoTokenizer needs.
-"""
+"""Train and load WordPiece (BERT) and Unigram (ALBERT) tokenizers: same special-token ids, "[CLS] A [SEP] B
+[SEP]" post-processing, saved with the wrapper files transformers.AutoTokenizer needs."""
 
 from __future__ import annotations
 
@@ -33,11 +29,7 @@ def _strip_accents(config: TokenizerConfig) -> bool:
 
 def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
                     trainer_size: Optional[int] = None) -> tuple[Any, Any]:
-    """(Tokenizer, trainer) for `config.kind` with normalizer, pre-tokenizer and decoder set.
-
-    `alphabet` (characters of the raw training text) fixes WordPiece's "##x" ids up front;
-    `trainer_size` is the vocabulary the trainer is asked for (default: config.vocab_size).
-    """
+    """(Tokenizer, trainer) for `config.kind`; `alphabet` fixes WordPiece's "##x" ids up front."""
     specials, unk = list(SPECIAL_TOKENS[config.kind].values()), SPECIAL_TOKENS[config.kind]["unk"]
     if config.kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
@@ -123,15 +115,9 @@ def _spool(texts: Iterable[str], max_bytes: int, path: Path) -> tuple[int, set[s
 
 
 def canonical(tokenizer: Any, kind: str, vocab_size: int) -> Any:
-    """The trained tokenizer with its arbitrary choices made deterministic.
-
-    The Rust trainers iterate hash maps with random seeds: WordPiece numbers its "##x" alphabet in
-    a random order (the ids are fixed up front, see build_untrained; here those placeholder special
-    tokens are turned back into ordinary vocabulary); Unigram's scores differ in the last bits, come
-    in a random order, and tied characters get their small score offsets in a random order (scores
-    are rounded, the tied characters' offsets reassigned in sorted order, and pieces sorted).
-    Unigram also keeps only the `vocab_size` pieces its encoding can use (see build_untrained).
-    """
+    """The trained tokenizer made deterministic: the Rust trainers iterate hash maps with random seeds, so
+    WordPiece's "##x" placeholders become vocabulary again and Unigram's scores are rounded, tied offsets
+    reassigned in sorted order and pieces sorted (only the `vocab_size` usable pieces are kept)."""
     data = json.loads(tokenizer.to_str())
     specials = set(SPECIAL_TOKENS[kind].values())
     data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] in specials]
@@ -202,11 +188,7 @@ def _train_on_spool(config: TokenizerConfig, alphabet: set[str], spool: Path, ch
 
 def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out_dir: str | Path,
                     validation_texts: Optional[Iterable[str]] = None) -> dict[str, Any]:
-    """Train a tokenizer on texts, save it to out_dir; return stats.
-
-    At most `tokenizer_config.max_bytes` characters are used. With `validation_texts`, the stats
-    include the unknown-token rate and tokens per word on them.
-    """
+    """Train a tokenizer on at most `max_bytes` characters of texts, save it to out_dir; return stats."""
     config = tokenizer_config
     if config.vocab_size < 16:
         raise DataError(f"tokenizer.vocab_size {config.vocab_size} is too small; use at least a few hundred.")

@@ -18,8 +18,7 @@ MAX_VALIDATION_CHARS = 10_000_000  # held-out text the unknown-token rate is mea
 
 
 def train_tokenizer_from_recipe(recipe: Recipe, out_dir: str | Path, console: Any = None) -> dict[str, Any]:
-    """`bertrain tokenizer train`: read and clean the recipe's sources as prepare does, hold out the
-    validation documents (by hash) for the unknown-token rate, and train on a seeded sample."""
+    """`bertrain tokenizer train`: sources read as prepare does, validation held out by hash, seeded sample."""
     console = console or Console(stderr=True, quiet=True)
     config, tokenizer_config = recipe.prepare, recipe.tokenizer
     counts: Counter = Counter()

@@ -1,10 +1,5 @@
-"""BERT and ALBERT for pretraining and their weights on disk.
-
-Public API: build_model(model_config) → PreTrainingModel; model(input_ids, attention_mask,
-token_type_ids, labels=None, sentence_label=None) → PreTrainingOutput; save_weights / load_weights.
-Hugging Face export/import and `model.init_from` are in bertrain.model.hf, fill-mask in
-bertrain.model.fill_mask; neither is imported here, so loading the models does not load them.
-"""
+"""BERT and ALBERT for pretraining (build_model) and their weights on disk. hf.py and fill_mask.py are not
+imported here, so loading the models does not load them."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ __all__ = ["build_model", "save_weights", "load_weights", "unwrap",
 
 
 def build_model(model_config, **options) -> PreTrainingModel:
-    """A freshly initialized BERT or ALBERT for `model_config` (its vocab_size must be set); `options`: the
-    forward's switches (PreTrainingModel)."""
+    """A freshly initialized BERT or ALBERT (vocab_size set); `options`: the forward's switches."""
     c = model_config
     if c.vocab_size is None:
         raise ConfigError("model.vocab_size is not set: take it from the prepared data's manifest "
@@ -47,10 +41,8 @@ def unwrap(model):
 
 
 def save_weights(model, path: str | Path) -> None:
-    """Write the model's state dict as safetensors (the tied decoder is the embedding: one tensor).
-
-    Identical weights give identical bytes: safetensors orders tensors by dtype and name, but writes
-    metadata in hash-map order, so the metadata holds a single key."""
+    """Write the state dict as safetensors. Identical weights give identical bytes: metadata is written in
+    hash-map order, so it holds a single key."""
     state = {name: tensor.detach().contiguous() for name, tensor in unwrap(model).state_dict().items()}
     save_file(state, str(path), metadata={"format": "pt"})
 

@@ -1,9 +1,5 @@
-"""What ALBERT changes: factorized embeddings (E, then a mapping E→H) and cross-layer sharing.
-
-`num_hidden_layers` steps each apply one whole group of `inner_group_num` layers; step i uses
-group i * num_hidden_groups // num_hidden_layers, as AlbertTransformer does. The MLM head projects
-H→E and decodes from E with the tied E-sized word embeddings; the sentence head predicts order (SOP).
-"""
+"""What ALBERT changes: factorized embeddings (E, then E→H) and cross-layer sharing (step i uses group
+i * num_hidden_groups // num_hidden_layers, as AlbertTransformer does); SOP sentence head."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""BERT for pretraining: encoder, pooler, MLM head (tied decoder) and the 2-way sentence head (NSP).
-
-`PreTrainingModel` holds everything BERT and ALBERT share (embeddings, pooler, heads, losses);
-subclasses name their encoder. With labels the MLM head runs only at labelled positions (full-vocabulary
-logits at every position are most of the step for small models), the forward takes the collator's
-BatchLayout so that it reads nothing back from the device, and forward_plan.py picks the encoder path.
-"""
+"""BERT for pretraining; `PreTrainingModel` holds what BERT and ALBERT share. With labels the MLM head runs only
+at labelled positions (full-vocabulary logits are most of a small model's step)."""
 
 from __future__ import annotations
 
@@ -77,12 +72,9 @@ class PreTrainingModel(nn.Module):
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 sentence_label: torch.Tensor | None = None, mlm_normalizer: float | None = None,
                 sentence_normalizer: float | None = None, layout: BatchLayout | None = None) -> PreTrainingOutput:
-        """Logits, and with labels the losses and counts. The loss divides the summed MLM (sentence)
-        cross-entropy by `mlm_normalizer` (`sentence_normalizer`); None: this batch's count, the mean.
-        A data-parallel trainer passes global count / world size: DDP averages gradients over ranks,
-        so every micro-batch of every rank then weighs each predicted token (instance) of the step alike.
-        `layout`: the collator's BatchLayout of these labels (built here, with host reads, when absent: tests,
-        evaluation)."""
+        """Logits, and with labels the losses and counts: summed cross-entropy / `mlm_normalizer`
+        (`sentence_normalizer`); None: the mean. DDP passes global count / world size so every token of the
+        step weighs alike. `layout`: the collator's BatchLayout (built here, with host reads, when absent)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if labels is None:

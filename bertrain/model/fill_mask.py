@@ -1,9 +1,5 @@
-"""Fill-mask: the words a model predicts for the mask token of a text (`bertrain fill-mask`, the demo).
-
-One forward pass, two views of it: `fill_mask` returns what transformers' fill-mask pipeline returns
-(any token, with the filled-in sequence); `fill_mask_words` ranks only the tokens that can stand for
-a whole word, as the demo shows them.
-"""
+"""Fill-mask: `fill_mask` returns what transformers' pipeline returns; `fill_mask_words` ranks only tokens that
+can stand for a whole word (the demo)."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ from bertrain.tokenizer_file import load_tokenizer
 
 def load_for_inference(model_dir: str | Path, skipped: list[tuple[Path, str]] | None = None
                        ) -> tuple[PreTrainingModel, Path]:
-    """(model in eval mode, tokenizer dir) from an exported transformers dir, a checkpoint dir or a RUN_DIR
-    (invalid newer checkpoints of a RUN_DIR are appended to `skipped`)."""
+    """(model in eval mode, tokenizer dir) from an exported dir, a checkpoint dir or a RUN_DIR."""
     model_dir = Path(model_dir)
     if (model_dir / "config.json").is_file():
         model, _ = import_hf(model_dir)
@@ -80,8 +75,7 @@ def _clean_up(text: str) -> str:
 
 
 def fill_mask(model, tokenizer_dir: str | Path, text: str, top_k: int = 5) -> list:
-    """Top-k predictions for the mask token(s) in `text`, as transformers' fill-mask pipeline returns
-    them: [{score, token, token_str, sequence}] (a list of such lists for several masks)."""
+    """Top-k predictions for the mask token(s) in `text`, as transformers' fill-mask pipeline returns them."""
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     mask_token, mask_id = _mask_id(tokenizer, tokenizer_dir)

@@ -1,11 +1,5 @@
-"""How a forward with labels runs: which encoder path and which embedding gradient, decided once per forward
-from host values only (the model's options, the collator's BatchLayout, the autograd mode), with the reason.
-
-Encoder paths: `padded` runs every layer at every position of the [B, T] batch; `pruned` runs the last
-layer's query, output projection and feed-forward only at [CLS] and the predicted positions (the only rows
-the losses read); `packed` runs on the real tokens only ([N, H] plus offsets, attention per length bucket,
-see batch_layout.Packing), its last layer pruned too. All three run EncoderLayer.forward.
-"""
+"""How a forward with labels runs (encoder path, embedding gradient), decided once from host values, with the
+reason: `padded`, `pruned` (last layer only at [CLS] and predicted rows) or `packed` (real tokens only)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ from bertrain.model import PreTrainingModel, build_model, load_weights
 
 def model_from_checkpoint(path: str | Path, skipped: list[tuple[Path, str]] | None = None
                           ) -> tuple[PreTrainingModel, ModelConfig, Path]:
-    """(model in eval mode, model config, checkpoint dir) from a checkpoint dir or a RUN_DIR (invalid newer
-    checkpoints are appended to `skipped`). Reads only config.yaml and model.safetensors: nothing is unpickled."""
+    """(model in eval mode, model config, checkpoint dir) from a checkpoint dir or RUN_DIR; unpickles nothing."""
     checkpoint = rundir.resolve_checkpoint(path, skipped)
     config = load_config(checkpoint / rundir.CONFIG).model
     model = build_model(config)

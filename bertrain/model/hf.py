@@ -1,10 +1,5 @@
-"""Hugging Face interop: export to / import from transformers' BertForPreTraining / AlbertForPreTraining
-layout, and `model.init_from`.
-
-Our weights differ from transformers' only in names and in the fused query/key/value matrix, which
-is split into three on export and concatenated on import. The tied decoder is left out of the
-file, as transformers does; it re-ties it to the word embeddings on load.
-"""
+"""Hugging Face interop: export to / import from transformers' Bert/AlbertForPreTraining, and `model.init_from`.
+Only names and the fused query/key/value differ; the tied decoder is left out of the file, as transformers does."""
 
 from __future__ import annotations
 
@@ -19,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from bertrain import rundir
 from bertrain.config import ModelConfig
 from bertrain.errors import ConfigError, DataError
+from bertrain.files import honour_umask
 from bertrain.model import PreTrainingModel, build_model, load_weights, unwrap
 from bertrain.model.bert import embedding_size
 from bertrain.model.from_checkpoint import model_from_checkpoint
@@ -201,8 +197,7 @@ def _normalize_hf_names(state: dict[str, torch.Tensor], config) -> dict[str, tor
 
 
 def load_hf_state_dict(model, state: dict[str, torch.Tensor], source: str = "the transformers weights") -> list[str]:
-    """Copy transformers-named weights into our model. The encoder must be complete; missing heads
-    (pooler, MLM, sentence) keep their fresh initialization and are returned by name."""
+    """Copy transformers-named weights into our model; returns the missing (freshly initialized) heads."""
     model = unwrap(model)
     state = _normalize_hf_names(state, model.config)
     ours = model.state_dict()
@@ -264,20 +259,26 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
     save_file(to_hf_state_dict(model), str(out / HF_WEIGHTS), metadata={"format": "pt"})
+    honour_umask(out / HF_WEIGHTS)
     copied = []
     if tokenizer is not None and tokenizer.resolve() != out.resolve():
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copyfile(tokenizer / name, out / name)
                 copied.append(name)
+    # transformers truncates to model_max_length: more than the model's positions and a long text crashes it.
+    if (out / "tokenizer.json").is_file():
+        wrapper_path = out / "tokenizer_config.json"
+        wrapper = json.loads(wrapper_path.read_text(encoding="utf-8")) if wrapper_path.is_file() else {}
+        wrapper["model_max_length"] = model.config.max_position_embeddings
+        wrapper_path.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False), encoding="utf-8")
     return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
             "architecture": config["architectures"][0], "parameters": model.num_parameters(), "model": model,
             "skipped": skipped}
 
 
 def initialize_from(model, path: str | Path) -> str:
-    """`model.init_from`: load a transformers BERT/ALBERT dir, a bertrain checkpoint dir, a RUN_DIR or a
-    model.safetensors file into `model` (shapes must match its config). Returns a one-line description."""
+    """`model.init_from`: load a transformers dir, checkpoint, RUN_DIR or safetensors file; a one-line description."""
     model = unwrap(model)
     path = Path(path)
     if not path.exists():

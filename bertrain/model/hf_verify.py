@@ -1,10 +1,6 @@
-"""`bertrain export --verify`: load an export with transformers and compare its logits with ours.
-
-Both models run on one padded batch: a single text and a longer sentence pair, encoded with the
-exported tokenizer, so padding, the attention mask and token types all take part. MLM logits are
-compared at real tokens only (transformers' logits at padding are meaningless), sentence logits for
-every row.
-"""
+"""`bertrain export --verify`: compare an export's logits under transformers with ours on one padded batch
+(a text and a longer pair), then on a text longer than the model that transformers' tokenizer truncates;
+MLM logits at real tokens only (transformers' logits at padding are meaningless)."""
 
 from __future__ import annotations
 
@@ -32,6 +28,7 @@ class ExportCheck:
     tolerance: float
     real_tokens: int
     padded_tokens: int
+    truncated_tokens: int = 0  # the long text's length after the exported tokenizer's truncation (0: no tokenizer)
     loading_problems: list[str] = field(default_factory=list)
 
     @property
@@ -42,8 +39,9 @@ class ExportCheck:
     def summary(self) -> str:
         """One line: both differences, the batch, the tolerance and PASS/FAIL."""
         problems = f"; transformers reported {'; '.join(self.loading_problems)}" if self.loading_problems else ""
+        truncated = f"; a long text truncated to {self.truncated_tokens} tokens" if self.truncated_tokens else ""
         return (f"max |ours - transformers|: MLM logits {self.mlm_max_diff:.2e} ({self.real_tokens} real tokens, "
-                f"{self.padded_tokens} padding), sentence logits {self.sentence_max_diff:.2e}; tolerance "
+                f"{self.padded_tokens} padding{truncated}), sentence logits {self.sentence_max_diff:.2e}; tolerance "
                 f"{self.tolerance:.0e}{problems}: {'PASS' if self.passed else 'FAIL'}")
 
 
@@ -90,6 +88,16 @@ def load_with_transformers(export_dir: Path):
     return model.float().eval(), problems
 
 
+def truncated_batch(export_dir: Path, max_positions: int) -> dict[str, torch.Tensor] | None:
+    """A text longer than the model through transformers' load of the exported tokenizer, truncation=True."""
+    if not (export_dir / "tokenizer.json").is_file():
+        return None
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
+    return dict(tokenizer(" ".join(TEXTS * (max_positions // 8 + 2)), truncation=True, return_tensors="pt"))
+
+
 @torch.no_grad()
 def verify_export(model, export_dir: str | Path, tolerance: float = VERIFY_TOLERANCE) -> ExportCheck:
     """Run our model and transformers' load of `export_dir` on one padded batch and compare the logits."""
@@ -104,5 +112,13 @@ def verify_export(model, export_dir: str | Path, tolerance: float = VERIFY_TOLER
     their_sentence = their_output.sop_logits if ours.config.type == "albert" else their_output.seq_relationship_logits
     mlm = (our_output.mlm_logits.float()[real] - their_output.prediction_logits.float()[real]).abs().max()
     sentence = (our_output.sentence_logits.float() - their_sentence.float()).abs().max()
+    long = truncated_batch(export_dir, ours.config.max_position_embeddings)
+    if long is not None:
+        try:  # a tokenizer that keeps more tokens than the model has positions makes both models fail here
+            long_ours = ours(long["input_ids"], long.get("attention_mask"), long.get("token_type_ids")).mlm_logits
+            mlm = torch.maximum(mlm, (long_ours.float() - theirs(**long).prediction_logits.float()).abs().max())
+        except (RuntimeError, IndexError, ValueError) as error:
+            problems.append(f"a text of {long['input_ids'].shape[1]} tokens after truncation fails: {error}")
     return ExportCheck(mlm_max_diff=float(mlm), sentence_max_diff=float(sentence), tolerance=tolerance,
-                       real_tokens=int(real.sum()), padded_tokens=int((~real).sum()), loading_problems=problems)
+                       real_tokens=int(real.sum()), padded_tokens=int((~real).sum()), loading_problems=problems,
+                       truncated_tokens=0 if long is None else long["input_ids"].shape[1])

@@ -1,8 +1,5 @@
-"""The building blocks BERT and ALBERT share: embeddings, attention, feed-forward, encoder layer, heads.
-
-Shapes: B batch, T sequence length, H hidden size, E embedding size (ALBERT; E = H for BERT),
-I intermediate size, V vocabulary, N number of predicted (masked) positions.
-"""
+"""Blocks BERT and ALBERT share. Shapes: B batch, T length, H hidden, E embedding (E = H for BERT),
+I intermediate, V vocabulary, N predicted positions."""
 
 from __future__ import annotations
 
@@ -65,10 +62,8 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention through F.scaled_dot_product_attention, padded or packed, then the output
-    projection. Query, key and value are one fused [3H, H] projection (one GEMM instead of three); hf.py splits
-    it into transformers' query / key / value.
-    """
+    """Multi-head self-attention (SDPA), padded or packed, then the output projection. Q, K, V are one fused
+    [3H, H] projection (one GEMM); hf.py splits it."""
 
     def __init__(self, hidden_size: int, num_heads: int, attention_dropout_prob: float):
         super().__init__()
@@ -157,8 +152,7 @@ class EncoderLayer(nn.Module):
 
 def run_steps(steps: list[nn.Module], x: torch.Tensor, where: torch.Tensor | Packing | None, checkpointing: bool,
               rows: torch.Tensor | None) -> torch.Tensor:
-    """Apply the encoder's layers in order, only the last one at `rows`; with gradient checkpointing each
-    layer's activations are recomputed in backward."""
+    """Apply the encoder's layers in order, only the last one at `rows` (optionally checkpointed)."""
     for i, layer in enumerate(steps):
         last_rows = rows if i == len(steps) - 1 else None
         if checkpointing and torch.is_grad_enabled():
@@ -179,11 +173,8 @@ def attention_bias(attention_mask: torch.Tensor | None, padded: bool | None = No
 
 
 class MLMHead(nn.Module):
-    """dense H→E, activation, LayerNorm, then the decoder tied to the word embeddings plus its own bias.
-
-    The decoder weight is not a parameter here: the model passes the word-embedding matrix in,
-    so the tie cannot break (one tensor, one gradient, one entry in the state dict).
-    """
+    """dense H→E, activation, LayerNorm, then the decoder tied to the word embeddings (passed in, so the tie cannot
+    break: one tensor, one gradient) plus its own bias."""
 
     def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, act: str, layer_norm_eps: float):
         super().__init__()

@@ -1,11 +1,5 @@
-"""`bertrain pretrain --check-resume`: show on your own config and data that a stopped run resumes bit
-for bit, before trusting it with a week of GPU time.
-
-Three short runs of the same command in a scratch directory, each a fresh process as a requeued job
-is: a reference of 2N steps; a run stopped after its checkpoint at step N (`train.stop_at_step`); and
-that run resumed by the same command. The resumed run's losses of steps N+1..2N (metrics.jsonl, full
-float precision) and its final weights must equal the reference's exactly.
-"""
+"""`bertrain pretrain --check-resume`: three fresh processes in a scratch directory (a 2N-step reference, a run
+stopped at N, that run resumed) whose losses of steps N+1..2N and final weights must be equal exactly."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""A training run's checkpoints: what a run is (TrainState), save, load, which one `--resume` chooses, moving a
-run aside (`--resume restart`), RUN_DIR's lock and the disk check. File names and verification: rundir.py.
-
-A save is collective and atomic: rank 0 creates checkpoints/.tmp-step-N, every rank writes its files into it,
-then rank 0 checksums them, writes COMPLETE last, fsyncs and renames the directory to step-N, so a crash at
-any point leaves the previous checkpoint as the newest valid one. Exact resume rests on every rank's
-python/numpy/torch RNG being saved and restored with the model, optimizer and schedule (and on data code
-never drawing from the global torch RNG: stream.isolated_torch_rng).
-
-No pickle: weights in model.safetensors; optimizer, schedule, grad scaler and each rank's RNG as NAME.json +
-NAME.safetensors (state_files.py). Older checkpoints (optimizer.pt, ...) load only behind --trust-checkpoint
-(legacy_checkpoint.py).
-"""
+"""A run's checkpoints: TrainState, save (collective, atomic: COMPLETE written last, then rename), load,
+`--resume` choice, restart-aside, the lock and the disk check. No pickle unless --trust-checkpoint."""
 
 from __future__ import annotations
 
@@ -68,8 +57,7 @@ def data_info(prepared: PreparedData) -> dict:
 
 
 def write_error(error: Exception, doing: str, run_dir: Path) -> DataError:
-    """A failed file operation during a run, in one paragraph: the file, what the errno means, what to do, and
-    the newest checkpoint that is still intact."""
+    """A failed file operation: the file, what the errno means, what to do, the newest intact checkpoint."""
     complete = [p for p in rundir.iter_checkpoints(run_dir) if (p / rundir.MARKER).is_file()]
     kept = (f"The newest checkpoint ({complete[0]}) is intact; run the same command to resume from it once this "
             f"is fixed." if complete else "No checkpoint had been completed yet.")
@@ -166,8 +154,7 @@ def save_checkpoint(accelerator, run_dir: Path, config: Config, prepared: Prepar
 
 
 def read_state(checkpoint: Path, name: str) -> Any | None:
-    """State NAME of a checkpoint (NAME.json + NAME.safetensors; NAME.pt of the older format, which
-    choose_checkpoint let through only with --trust-checkpoint), or None when it has none."""
+    """State NAME of a checkpoint (NAME.json + .safetensors, or a trusted older NAME.pt), or None."""
     if has_state(checkpoint, name):
         return load_state(checkpoint, name)
     legacy = checkpoint / f"{name}{rundir.LEGACY_STATE_SUFFIX}"
@@ -253,8 +240,7 @@ def choose_checkpoint(resume: str, run_dir: Path, trust: bool, console) -> Path 
 
 
 def move_run_aside(run_dir: Path) -> Path | None:
-    """Move RUN_DIR's checkpoints, metrics and wandb id into RUN_DIR/old-<time>/ for a fresh start; the
-    new directory, or None when there was nothing to move. Deletes nothing."""
+    """Move RUN_DIR's checkpoints, metrics and wandb id into old-<time>/ (returned, or None); deletes nothing."""
     present = [run_dir / name for name in rundir.RUN_HISTORY if (run_dir / name).exists()]
     if not any(p.name in (rundir.CHECKPOINTS, rundir.METRICS) for p in present):
         return None

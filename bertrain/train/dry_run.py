@@ -1,14 +1,5 @@
-"""`pretrain --dry-run`: the run's size and disk needs at once, then a time estimate from at most one micro-batch.
-
-The figures that need no computation (parameters, tokens, steps, epochs, disk) are printed first. Then,
-only when one micro-batch is quick here (its training FLOPs at this device's measured matmul rate take at
-most QUICK_SECONDS), "measuring one micro-batch…" runs one forward and backward pass of it (no optimizer
-step, nothing written) and the step time is that x gradient accumulation. Otherwise the estimate is
-skipped, saying why, with a rough time from FLOPs alone. Only rank 0 measures and prints.
-
-A signal ends a dry run at once (the caller runs it under `signals.stop_at_once`): exit 130 (SIGINT),
-143 (SIGTERM) or 138 (SIGUSR1), with the figures already printed. A completed dry run exits 0.
-"""
+"""`pretrain --dry-run`: size and disk needs, then a step time measured on one micro-batch when that is quick
+(QUICK_SECONDS by FLOPs), else from FLOPs alone. Rank 0 only; a signal ends it at once (`stop_at_once`)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ from bertrain.train.stream import isolated_torch_rng
 
 
 def validation_loader(prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int):
-    """Up to data.eval_batches validation micro-batches. When the split has fewer instances than one
-    micro-batch (a small corpus), one smaller micro-batch of all of them instead: evaluate on what there is."""
+    """Up to data.eval_batches validation micro-batches; for a tiny split, one smaller micro-batch of all."""
     def build(size: int):
         return build_validation_loader(prepared, data_config, seed=seed, micro_batch_size=size, rank=rank,
                                        world_size=world_size, max_batches=data_config.eval_batches)

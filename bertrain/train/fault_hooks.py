@@ -1,9 +1,5 @@
-"""BERTRAIN_TEST_* environment hooks that let the resume tests stop or kill a run at a chosen point.
-
-SIGNAL_AT_STEP=N: rank 0 sends itself SIGTERM during step N. CRASH_AFTER_SAVE=N: rank 0 is killed (-9) right
-after the checkpoint of step N. CRASH_DURING_SAVE=N: killed halfway through writing it. STEP_DELAY=seconds
-slows every step, on every rank (signal tests).
-"""
+"""BERTRAIN_TEST_* environment hooks that let the resume tests stop or kill a run at a chosen point:
+SIGNAL_AT_STEP, CRASH_AFTER_SAVE, CRASH_DURING_SAVE (rank 0) and STEP_DELAY (every rank)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""LAMB as a few multi-tensor passes instead of a dozen kernels per parameter.
-
-On the CPU (float32), lamb_native.c does the step in two passes over memory where a C compiler could build
-it (lamb_native.py). Elsewhere, and as the fallback: torch's fused Adam kernel, called on a scratch buffer U
-that holds `weight_decay * w` with lr = -1 and no weight decay of its own, updates exp_avg / exp_avg_sq in
-place and leaves U = weight_decay * w + m̂ / (sqrt(v̂) + eps), which is LAMB's update, in one pass over
-memory. What remains is the two norms (`_foreach_norm`) and `w -= lr * trust_ratio * U` (one
-`_foreach_addcmul_`). No tensor value is read back to the host, so on CUDA the step never synchronizes.
-Same update and state_dict layout as the per-parameter loop it replaces (per parameter: `step`, `exp_avg`,
-`exp_avg_sq`, all float32). Speed, and what was tried and left out: README, "Performance"."""
+"""LAMB in a few multi-tensor passes: lamb_native.c on the CPU where it builds, else torch's fused Adam on a
+scratch U = weight_decay * w (lr = -1) gives LAMB's update in one pass. No host reads. README, "Performance"."""
 
 from __future__ import annotations
 
@@ -17,14 +9,8 @@ from bertrain.train import lamb_native
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al., 2019): Adam's update rescaled per tensor by ||w|| / ||update|| (trust ratio).
-
-    update = m̂ / (sqrt(v̂) + eps) + weight_decay * w;  w -= lr * trust_ratio * update,
-    trust_ratio = ||w|| / ||update|| when both norms are positive, else 1.
-    The torch-op path keeps one float32 scratch tensor per parameter (not in the state_dict). Like fused AdamW it
-    takes a `found_inf` attribute (a device scalar, 1 = skip): set before `step()`, a non-finite step then
-    leaves parameters, moments and step counts as they were without reading the flag on the host.
-    """
+    """LAMB (You et al., 2019): Adam's update + weight_decay * w, rescaled by ||w|| / ||update|| (1 when a norm
+    is 0). Like fused AdamW it takes a `found_inf` device scalar: a non-finite step then changes nothing."""
 
     accepts_found_inf = True  # train/step.py's optimizer_step sets `found_inf` instead of reading the flag
 
@@ -54,8 +40,7 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
     def _update(self, params: list[torch.Tensor], group: dict, found_inf: torch.Tensor | None) -> None:
-        """One LAMB update of `params` (all on one device) with `group`'s hyperparameters; none where
-        `found_inf` is 1."""
+        """One LAMB update of `params` (one device) with `group`'s settings; none where `found_inf` is 1."""
         if any(p.grad.is_sparse for p in params):
             raise RuntimeError("Lamb does not support sparse gradients.")
         states = [self._state(p) for p in params]

@@ -1,14 +1,5 @@
-"""LAMB's CPU kernel (lamb_native.c): compiled once per machine with the system's C compiler, run on
-torch's thread count.
-
-Why a kernel of our own: with torch ops a LAMB step needs at least 14 tensor-sized memory passes against
-fused AdamW's 7 (Adam's direction, the two norms and the scaled update cannot share a pass); the two loops
-in lamb_native.c need 10 (timings: README, "Performance"). No new package: a C compiler (`cc`, or $CC)
-builds a small shared library into the user's cache, keyed by the source, the compiler flags and the CPU
-(it is built for this CPU's vector instructions), and ctypes calls it (ctypes releases the GIL, so a thread
-per core runs in parallel). Without a compiler, or with BERTRAIN_NATIVE_LAMB=0, the torch-op path in
-lamb.py runs instead (one warning when no compiler).
-"""
+"""LAMB's CPU kernel (lamb_native.c: fewer memory passes than torch ops, README "Performance"), built per CPU by
+the system's C compiler into the user's cache, called via ctypes. No compiler or BERTRAIN_NATIVE_LAMB=0: lamb.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Checkpoints of the older format (optimizer.pt, scheduler.pt, scaler.pt, rng-rank*.pt: pickles), read only
-behind `--trust-checkpoint`.
-
-Reading a pickle can run any code it carries, and checkpoints travel between people and shared disks.
-So these files are refused by default; with the opt-in each is first scanned for the globals it would
-import, then read with `torch.load(weights_only=True)`, which builds tensors and plain values only (plus
-the numpy types of numpy's RNG state). A file that needs anything else is refused and none of it runs.
-"""
+"""Older checkpoints' pickles (optimizer.pt, ...), read only behind `--trust-checkpoint`: each is first scanned
+for the globals it would import, then read with weights_only=True; anything else is refused and none of it runs."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ def untrusted_message(checkpoint: Path, files: list[Path]) -> str:
 
 
 def check_legacy_files(checkpoint: Path, trust: bool) -> None:
-    """Refuse a checkpoint holding pickle files unless `trust`; with it, refuse one whose pickles need more
-    than tensors and plain values. Runs nothing from the files."""
+    """Refuse pickles unless `trust`, and then those needing more than tensors and plain values."""
     files = rundir.legacy_pickle_files(checkpoint)
     if not files:
         return

@@ -1,14 +1,11 @@
 """The training run: setup, the loop of optimizer steps, logging, evaluation, checkpoints and stopping.
-
-Exactness (bitwise resume, 1 rank x 2B = 2 ranks x B = k accumulation steps of B/k) comes from the
-modules this one drives: the data stream (stream.py), the saved RNG and train state (checkpoint.py) and
-the globally normalized losses of each step (step.py).
-"""
+Exactness comes from stream.py, checkpoint.py (saved RNG) and step.py (globally normalized losses)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +225,9 @@ class Trainer:
             raise Interrupted(f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. "
                               f"Exit code {session.exit_code}: requeue the job (or run the same command) to resume.",
                               session.exit_code)
+        if accelerator.is_main_process and session.last_checkpoint:
+            command = shlex.join(["bertrain", "export", str(self.run_dir), f"exported/{self.run_dir.name}", "--verify"])
+            self.console.print(f"Next: {command}  (a transformers model directory)", highlight=False, soft_wrap=True)
         return 0
 
     def _one_step(self, parts: Parts, session: Session) -> bool:
@@ -347,8 +347,7 @@ class Trainer:
 def pretrain(config: Config, *, data_dir: str | None = None, run_dir: str | None = None, resume: str = "auto",
              force: bool = False, dry_run: bool = False, console: Console | None = None,
              trust_checkpoint: bool = False) -> int:
-    """Run (or dry-run) pretraining; returns 0, or raises `Interrupted` (exit_code = train.requeue_exit_code)
-    after a signal-triggered checkpoint. `trust_checkpoint` lets an older-format (pickle) checkpoint load."""
+    """Run (or dry-run) pretraining; 0, or `Interrupted` after a signal-triggered checkpoint."""
     trainer = Trainer(config, resume=resume, force=force, console=console, data_dir=data_dir, run_dir=run_dir,
                       trust_checkpoint=trust_checkpoint)
     if dry_run:

@@ -1,7 +1,4 @@
-"""Where training metrics go: a rich live progress line, RUN_DIR/metrics.jsonl, and wandb.
-
-Only rank 0 builds a Monitor; the other ranks get `NullMonitor`.
-"""
+"""Where training metrics go (rank 0 only): a rich progress line, RUN_DIR/metrics.jsonl, and wandb."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def _read_records(path: Path) -> tuple[list[dict], bool]:
 
 
 def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
-    """Drop records after `last_step` (written after the checkpoint we resume from), and a torn last line.
-    Returns how many records were dropped."""
+    """Drop records after `last_step`, and a torn last line; returns how many were dropped."""
     path = Path(run_dir) / rundir.METRICS
     records, needs_rewrite = _read_records(path)
     kept = [r for r in records if r.get("step", 0) <= last_step]
@@ -99,8 +95,7 @@ class NullMonitor:
 
 
 class Monitor(NullMonitor):
-    """Rank 0's progress (a live bar on a terminal; otherwise one line per logged step, with step N / total
-    and an ETA), metrics file and wandb run."""
+    """Rank 0's progress (a live bar, or one line per logged step with an ETA), metrics file and wandb."""
 
     def __init__(self, run_dir: Path, config: Config, console: Console) -> None:
         self.run_dir, self.config, self.console = Path(run_dir), config, console
@@ -138,8 +133,7 @@ class Monitor(NullMonitor):
         return human_seconds(max(self.total_steps - step, 0) * (time.monotonic() - began) / done)
 
     def eval_progress(self, done: int, total: int) -> None:
-        """Validation micro-batch `done` of `total`: a transient bar on a terminal, else a line every
-        EVAL_LINE_SECONDS (an evaluation shorter than that prints none)."""
+        """Validation micro-batch `done` of `total`: a transient bar, else a line every EVAL_LINE_SECONDS."""
         now = time.monotonic()
         if done == 0:
             self.eval_clock = (now, now)
@@ -181,8 +175,7 @@ class Monitor(NullMonitor):
             self.console.print(f"eval step {record['step']}: {text}", highlight=False)
 
     def event(self, kind: str, step: int, **fields: Any) -> dict:
-        """Append one record to metrics.jsonl, and only there: train and eval (through `log`), and the marks
-        `bertrain report` draws (start, checkpoint, nonfinite, stop)."""
+        """Append one record to metrics.jsonl only: train, eval, and the marks `bertrain report` draws."""
         record = {"kind": kind, "step": step, **fields, "time": time.time()}
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")

@@ -12,8 +12,7 @@ from bertrain.train.lamb import Lamb
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decay on weight matrices and embeddings, none on biases and LayerNorm; each parameter once
-    (tied weights are one tensor), with the `names` of each group's parameters."""
+    """Decay on weight matrices and embeddings, none on biases and LayerNorm; each tensor once, with names."""
     decay, no_decay = {}, {}
     seen: set[int] = set()
     for module_name, module in model.named_modules():

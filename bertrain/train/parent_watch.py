@@ -1,11 +1,5 @@
-"""Stop a worker whose launcher died: torchrun starts workers in their own sessions, so after a kill -9 of
-torchrun nothing stops them and they go on writing the RUN_DIR beside a relaunched run. Stdlib only.
-
-On Linux the kernel sends SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG): the usual SIGTERM
-handler then finishes the step, saves a checkpoint and exits 75. Elsewhere a daemon thread polls the
-parent's pid. (The kernel watches the parent *thread* that started the worker; torchrun and accelerate
-start workers from their main thread, which lives as long as they do.)
-"""
+"""Stop a worker whose launcher died (after a kill -9 of torchrun its workers go on): on Linux the kernel sends
+SIGTERM (PR_SET_PDEATHSIG), handled as usual; elsewhere a daemon thread polls the parent's pid. Stdlib only."""
 
 from __future__ import annotations
 

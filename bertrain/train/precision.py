@@ -1,10 +1,5 @@
-"""Which autocast precision a run uses on its device (`train.mixed_precision`), and TF32 (`train.tf32`).
-
-`auto` picks bf16 on GPUs that run it natively (compute capability 8.0 and later), fp16 with a loss
-scaler on older GPUs, bf16 on CPUs with native bf16 (AVX512_BF16 or AMX, or the bf16 feature of an
-ARM CPU), and fp32 ('no') elsewhere: on an AVX2-only CPU bf16 is emulated and much slower than fp32
-(README, "Performance"). An explicit `bf16` there is honoured, with one warning saying what it costs.
-"""
+"""Which autocast precision a run uses (`train.mixed_precision`) and TF32. `auto`: bf16 where native (GPUs from
+8.0, CPUs with AVX512_BF16/AMX/ARM bf16), fp16 with a scaler on older GPUs, else fp32 (emulated bf16 is slower)."""
 
 from __future__ import annotations
 

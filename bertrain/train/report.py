@@ -1,8 +1,5 @@
-"""`bertrain report`: one self-contained HTML page of RUN_DIRs (curves, marks, data, config diff, verdict).
-
-Everything is inline (uPlot, MIT, is vendored in report_assets/; report.js draws the page from the data read
-here), curves are downsampled to MAX_POINTS, and whatever a RUN_DIR lacks is said on the page, never raised.
-"""
+"""`bertrain report`: one self-contained HTML page of RUN_DIRs (uPlot vendored in report_assets/); what a
+RUN_DIR lacks is said on the page, never raised."""
 
 from __future__ import annotations
 
@@ -93,7 +90,7 @@ def read_run(run_dir: Path, name: str) -> dict:
     missing = [k for k in TRAIN_KEYS + ("tokens_seen",) if train and all(r.get(k) is None for r in train)]
     if missing:
         notes.append(f"The training records hold no {', '.join(missing)} (an older bertrain, or not logged).")
-    aside = sorted(p.name for p in run_dir.glob("old-*") if p.is_dir())  # moved there by --resume restart
+    aside = sorted(p.name for p in run_dir.glob(f"{rundir.OLD_RUN_PREFIX}*") if p.is_dir())  # --resume restart
     if aside:
         notes.append(f"Restarted from step 0 (--resume restart): the earlier run is in {', '.join(aside)}; "
                      f"`bertrain report {run_dir / aside[-1]} {run_dir}` shows both.")

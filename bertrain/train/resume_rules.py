@@ -1,12 +1,5 @@
-"""What may change between a checkpoint and the run that resumes it, and how the run follows a change.
-
-Every config key is in exactly one of FREE_KEYS, BUDGET_KEYS, FORCE_KEYS and NEVER_KEYS (config/resume_keys.py;
-tests/test_run_safety.py checks it), so a new key is a decision rather than a default:
-- free: does not change what is computed (cadence, logging, paths), or a longer budget;
-- --force: keeps the weights and optimizer state meaningful but changes the run from here on (data,
-  batch layout, optimizer settings, numerics, a shorter budget); nothing else passes with --force;
-- never: the weights or the optimizer state would not fit (shapes, optimizer kind, activation).
-"""
+"""What may change between a checkpoint and the run that resumes it. Every key is in exactly one of FREE_KEYS,
+BUDGET_KEYS, FORCE_KEYS and NEVER_KEYS (config/resume_keys.py), so a new key is a decision, not a default."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ from bertrain.train.precision import choose_mixed_precision, local_device_type, 
 
 
 def resolve_run_config(config: Config, data_dir: str | None, run_dir: str | None) -> tuple[Config, PreparedData]:
-    """A copy of `config` with --data / --run-dir applied and model.vocab_size taken from the prepared
-    data's manifest, and that data; refuses a config that does not fit the data."""
+    """(`config` with --data / --run-dir and the data's vocab_size, that data); refuses a misfit."""
     if data_dir:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, path=str(data_dir)))
     if run_dir:
@@ -44,8 +43,7 @@ def resolve_run_config(config: Config, data_dir: str | None, run_dir: str | None
 
 
 def build_accelerator(train: TrainConfig) -> Accelerator:
-    """Accelerate for this process (plain, `accelerate launch` or torchrun), with `train.mixed_precision`
-    resolved for the device (`auto`: see train/precision.py) and `train.tf32` applied."""
+    """Accelerate for this process, with `train.mixed_precision` resolved and `train.tf32` applied."""
     device_type = local_device_type()
     mixed_precision = choose_mixed_precision(train.mixed_precision, device_type)
     set_tf32(train.tf32)

@@ -1,16 +1,5 @@
-"""SIGTERM / SIGUSR1 → finish the step, save, exit 75. Imported before torch: stdlib only.
-
-The first signal only sets a flag that the loop polls (and all-reduces) once per optimizer step, so every
-rank stops after the same step. A second signal means "now": exit at once with 128 + signal number, the
-previous checkpoint being the resume point. Signals within DUPLICATE_WINDOW seconds of the first count as
-the same request: SLURM signals every process of a job step, and the launcher forwards its own copy too.
-
-`bertrain.cli.main` installs these handlers before importing anything heavy, so a signal during `import
-torch`, setup or the first step stops the run after its first step with a checkpoint: exit 75 always means
-"a checkpoint exists, run the same command to resume". Before the interpreter reaches bertrain's code, a
-signal gets the default action (exit 143 for SIGTERM, nothing written). A dry run writes nothing, so there
-the first SIGINT, SIGTERM or SIGUSR1 ends it at once (`stop_at_once`) with 128 + signal number.
-"""
+"""SIGTERM / SIGUSR1 → finish the step, save, exit 75 (stdlib only: imported before torch). A second signal
+exits at once with 128 + signal number; repeats within DUPLICATE_WINDOW (SLURM plus the launcher) count once."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Training state on disk without pickle: tensors in safetensors, everything else in JSON.
-
-Optimizer, schedule, grad-scaler and RNG states are trees of dicts, lists, tuples, numbers, strings,
-tensors and numpy arrays. `save_state` writes such a tree as NAME.safetensors (every tensor and
-array) plus NAME.json (the tree, with tensors replaced by references), so reading a checkpoint one
-did not write runs no code: neither file format can carry any. Only the types below are accepted;
-anything else is refused when saving, never silently dropped.
-"""
+"""Training state on disk without pickle: a tree as NAME.safetensors (tensors, arrays) + NAME.json (the rest),
+so reading a checkpoint runs no code. Unknown types are refused when saving, never dropped."""
 
 from __future__ import annotations
 

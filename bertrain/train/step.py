@@ -1,15 +1,5 @@
-"""One optimizer step's forward and backward passes, with losses normalized over the whole step, and
-the optimizer update that skips a non-finite step without reading anything back from the device.
-
-The model divides each micro-batch's summed losses by (global count / world size), where the global
-count is the step's predicted tokens (instances) over all ranks and micro-batches: DDP averages
-gradients over ranks, so 2 ranks x B, 1 rank x 2B and k accumulation steps of B/k give the same update.
-
-No host read between the batch arriving and the optimizer step: the counts come from each batch's
-BatchLayout (ints the collator computed); metrics and the finiteness flag stay on the device until the loop
-reads them at log and save time; the optimizer skips a non-finite update through its `found_inf` input.
-Between processes counts and the stop flag are summed on the host (gloo): a rendezvous, never a device read.
-"""
+"""One optimizer step: forward/backward with losses normalized by the step's global count over all ranks and
+micro-batches, and an update that skips a non-finite step. No host read: counts come from BatchLayout."""
 
 from __future__ import annotations
 
@@ -86,8 +76,7 @@ def _metric_sums(out, device) -> torch.Tensor:
 
 
 def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None) -> StepResult:
-    """Forward/backward over this step's micro-batches; no value is read back from the device. The
-    optimizer is not stepped here (optimizer_step). Each batch carries the collator's BatchLayout ("layout")."""
+    """Forward/backward over this step's micro-batches (each with its BatchLayout); no device read, no optimizer step"""
     world, device = accelerator.num_processes, accelerator.device
     layouts = [b["layout"] for b in batches]
     has_sentence = "sentence_label" in batches[0]
@@ -119,10 +108,8 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
 
 
 def optimizer_step(optimizer, finite: torch.Tensor, scaler) -> bool:
-    """Step (then zero the gradients) so that nothing changes where `finite` is False, without reading it
-    when the optimizer takes a `found_inf` input (torch's fused AdamW, our LAMB: it then leaves parameters,
-    moments and step counts as they were). Other optimizers read the flag: one device sync per step. With a
-    gradient scaler (fp16) the scaler skips overflowing steps itself. Returns whether the step counts."""
+    """Step and zero the gradients so that nothing changes where `finite` is False, without a host read when the
+    optimizer takes `found_inf` (else one sync). A grad scaler skips itself. Returns whether the step counts."""
     inner = getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's AcceleratedOptimizer
     applied = True
     if scaler is not None:

@@ -1,8 +1,5 @@
-"""This rank's training micro-batches across epochs, started in O(1) at a saved position.
-
-The data is a pure function of (seed, epoch, micro-batch index) and never draws from the global
-torch RNG, so a resumed run sees exactly the batches an uninterrupted one would.
-"""
+"""This rank's training micro-batches across epochs, started in O(1) at a saved position; never draws from the
+global torch RNG, so a resumed run sees the batches an uninterrupted one would."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from bertrain.data.loader import (RunDataset, empty_epoch_error, epoch_plan, ite
 
 @contextlib.contextmanager
 def isolated_torch_rng() -> Iterator[None]:
-    """Run data code without consuming the global torch RNG (DataLoader iterators draw a base seed
-    from it), so dropout's random stream depends only on the steps taken."""
+    """Run data code without consuming the global torch RNG, so dropout depends only on the steps taken."""
     state = torch.get_rng_state()
     try:
         yield

@@ -1,21 +1,5 @@
-"""`bertrain prepare`: raw corpora -> tokenizer + tokenized, memory-mapped DATA_DIR.
-
-Stages, each skipped when its output exists and was made from the same inputs and settings
-(compared by a key hashed from source file sizes/mtimes and every setting that changes output):
-
-  1. documents  read sources, clean, split sentences, drop empties and duplicates, split train /
-                validation by document hash, deal documents to size-balanced shards
-                -> DATA_DIR/work/documents/{train,validation}/shard-NNNNN.txt (BERT format)
-  2. tokenizer  train on a seeded sample of the train documents (or copy --tokenizer PATH)
-                -> DATA_DIR/tokenizer/
-  3. shards     tokenize each shard in parallel workers -> DATA_DIR/{split}/shard-NNNNN.*.npy
-                (written under temporary names and renamed, so a shard on disk is always whole)
-  4. manifest   when every shard is done -> DATA_DIR/manifest.json; the intermediate text is removed
-
-A job array runs `--shard-index i --num-shards n`: stages 1-2 run once under a file lock, each job
-tokenizes its shard, and whichever job finishes last (or a final run without --shard-index)
-writes the manifest. This module runs the stages; each stage has its own module.
-"""
+"""`bertrain prepare`: raw corpora -> tokenizer + memory-mapped DATA_DIR in stages, each skipped when made from
+the same inputs and settings. A job array runs stages 1-2 once under a lock; the last job writes the manifest."""
 
 from __future__ import annotations
 
@@ -209,8 +193,7 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
 
 def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional[int] = None,
                    console: Any = None) -> dict[str, Any]:
-    """Prepare DATA_DIR from a recipe; return the manifest (or, for a job-array task whose siblings
-    are still running, a status dict with `complete: False`)."""
+    """Prepare DATA_DIR from a recipe; the manifest, or `complete: False` while job-array siblings run."""
     console = console or Console(stderr=True, quiet=True)
     started = time.perf_counter()
     validate(recipe)  # a recipe built in code gets the checks a loaded one got

@@ -1,6 +1,5 @@
-"""Stage 1, documents: read every source, normalize in the worker pool, drop empties and duplicates,
-split train / validation by content hash, and deal documents to size-balanced shards of
-sentence-per-line text (DATA_DIR/work/documents/{train,validation}/shard-NNNNN.txt)."""
+"""Stage 1, documents: read, normalize in the worker pool, drop empties and duplicates, split by content hash,
+deal documents to size-balanced sentence-per-line shards (DATA_DIR/work/documents/{split}/shard-NNNNN.txt)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ BATCH_DOCUMENTS = 2048       # raw documents per normalization task, at most
 MAX_IN_FLIGHT_PER_WORKER = 3
 
 # Documents-stage counts that are skips, each a reason a read document is not written.
-DOCUMENT_SKIPS = ("documents_bad_record", "documents_empty", "documents_duplicate",
-                  "documents_empty_after_tokenizing")
+DOCUMENT_SKIPS = ("documents_bad_record", "documents_empty", "documents_duplicate", "documents_empty_after_tokenizing")
 
 
 def unaccounted_documents(counts: Counter) -> int:
@@ -48,8 +46,7 @@ def resolve_inputs(config: PrepareConfig, counts: Counter, skipped: list) -> lis
 def raw_batches(inputs: list[tuple[Any, Any]], config: PrepareConfig, counts: Counter, skipped: list,
                 on_bytes: Callable[[int], None], read_by_file: Optional[dict[str, int]] = None
                 ) -> Iterator[list[tuple]]:
-    """Batches of raw documents from every input, in order; reports compressed bytes consumed and,
-    in `read_by_file`, the documents read from each file."""
+    """Batches of raw documents from every input, in order, counting what each file gave."""
     batch: list[tuple] = []
     size = 0
     for source, items in inputs:
@@ -83,8 +80,7 @@ def raw_batches(inputs: list[tuple[Any, Any]], config: PrepareConfig, counts: Co
 
 def normalized_documents(batches: Iterator[list[tuple]], config: PrepareConfig, workers: Workers,
                          counts: Counter) -> Iterator[tuple[list[str], bytes]]:
-    """(sentences, hash) of every raw document, normalized in the worker pool (a bounded number of
-    batches in flight, results in input order)."""
+    """(sentences, hash) of every raw document, normalized in the worker pool, in input order."""
     args = (config.min_sentence_chars, config.max_line_chars)
     done = (normalize_batch(batch, *args) for batch in batches) if workers.count <= 1 else \
         _in_pool(workers, batches, args)
@@ -126,8 +122,7 @@ def document_split(sentences: list[str], digest: bytes, config: PrepareConfig, s
 
 
 class ShardWriters:
-    """The stage's output files, written under .tmp names; each document goes to its split's
-    smallest shard so far, so shards come out about equal in size."""
+    """The stage's .tmp output files; each document goes to its split's smallest shard so far."""
 
     def __init__(self, work: Path, num_shards: int):
         self.files = {"train": [work / "train" / f"{shard_name(i)}.txt" for i in range(num_shards)],
@@ -189,6 +184,5 @@ def build_documents(out: Path, inputs: list[tuple[Any, Any]], config: PrepareCon
         progress.update(task, docs=counts["documents_read"], rate=rate(counts["documents_read"]))
     writers.close()
     if sum(writers.documents["train"]) == 0:
-        raise no_training_documents(counts, sum(writers.documents["validation"]), config, inputs, skipped,
-                                    read_by_file)
+        raise no_training_documents(counts, sum(writers.documents["validation"]), config, inputs, skipped, read_by_file)
     return {"shards": writers.records(), "seconds": round(time.perf_counter() - start, 2)}

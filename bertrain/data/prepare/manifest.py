@@ -54,8 +54,7 @@ def _final_counts(counts: Counter, splits: dict[str, Any], shard_totals: Counter
 
 
 def _tokenizer_stats(tokenizer_stats: dict[str, Any], splits: dict[str, Any], shard_totals: Counter) -> dict:
-    """The tokenizer's training stats (no timings) plus its unknown-token rate and tokens per word,
-    measured on validation (train when validation is empty)."""
+    """The tokenizer's stats (no timings), unknown-token rate and tokens per word on validation."""
     measured = "validation" if splits["validation"]["tokens"] else "train"
     tokens = splits[measured]["tokens"]
     stats = dict(tokenizer_stats)

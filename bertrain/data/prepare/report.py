@@ -52,8 +52,7 @@ def _count_rows(manifest: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, timings: dict[str, float]) -> list[str]:
-    """Print counts, skips by reason, tokenizer facts, document shape, output size and time, then a
-    warning for each way most documents are too short; return those warnings."""
+    """Print the preparation's counts, skips, tokenizer, shape, size and time; return the short-document warnings."""
     table = Table(title=f"Prepared {out}", show_header=True)
     table.add_column("what")
     table.add_column("count", justify="right")

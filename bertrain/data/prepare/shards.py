@@ -1,6 +1,5 @@
 """Stage 3, shards: tokenize each stage-1 file in the worker pool into DATA_DIR/{split}/shard-NNNNN.*.npy
-(written under temporary names and renamed, so a shard on disk is always whole), with a record
-of its counts in DATA_DIR/work/shards/."""
+(temporary names, then renamed), with a record of its counts in DATA_DIR/work/shards/."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def _document_lines(handle: TextIO) -> Iterator[tuple[str, int]]:
 
 
 class _SentenceEncoder:
-    """Encodes sentences in batches to a raw token file; keeps each kept sentence's length and
-    document, and counts empty sentences, unknown tokens, words and characters."""
+    """Encodes sentences in batches to a raw token file, keeping lengths and documents and counting as it goes."""
 
     def __init__(self, tokenizer: Any, dtype: np.dtype, unk_id: int, out: BinaryIO):
         self.tokenizer, self.dtype, self.unk_id, self.out = tokenizer, dtype, unk_id, out
@@ -75,8 +73,7 @@ class _SentenceEncoder:
         self.batch_owner = []
 
     def offsets(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sentence offsets, document offsets) of the kept sentences; documents left without
-        tokens are dropped (and counted)."""
+        """(sentence offsets, document offsets) of the kept sentences; tokenless documents are dropped."""
         sentence_lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         owner = np.concatenate(self.owners) if self.owners else np.zeros(0, np.int64)
         per_document = np.bincount(owner, minlength=self.documents)

@@ -59,8 +59,7 @@ def copy_tokenizer(tokenizer_path: str, target: Path, console: Any) -> dict[str,
     kind = tokenizer_kind(loaded)
     normalizer = json.loads(loaded.to_str()).get("normalizer") or {}
     save_tokenizer(loaded, target, kind, lowercase=bool(normalizer.get("lowercase", False)))
-    console.print(f"Using the existing {kind} tokenizer {tokenizer_path} "
-                  f"({loaded.get_vocab_size():,} tokens).")
+    console.print(f"Using the existing {kind} tokenizer {tokenizer_path} ({loaded.get_vocab_size():,} tokens).")
     return {"kind": kind, "vocab_size": loaded.get_vocab_size(), "source": str(tokenizer_path),
             "sha256": file_sha256(target / "tokenizer.json")}
 

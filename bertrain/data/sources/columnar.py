@@ -49,8 +49,7 @@ def parquet_batches(item: InputFile, source: SourceConfig) -> Iterator[tuple[lis
 
 
 def arrow_batches(item: InputFile, source: SourceConfig) -> Iterator[tuple[list, Optional[list]]]:
-    """Batches of (text column values, group keys or None) of a datasets directory (one split of a
-    DatasetDict)."""
+    """Batches of (text column values, group keys or None) of one split of a datasets directory."""
     import datasets  # heavy optional dependency (seconds to import): only datasets sources need it
 
     try:

@@ -70,10 +70,8 @@ def _utf8_cut(block: bytes) -> int:
 
 def iter_lines(stream: Any, path: str, limit: Optional[int], on_decode_error: str,
                counts: Counter) -> Iterator[tuple[int, str]]:
-    """Yield (line number, text) of each line; lines longer than `limit` come in pieces (counted).
-
-    Raises BinaryFile before yielding anything when the first bytes hold a NUL byte.
-    """
+    """Yield (line number, text) of each line; lines longer than `limit` come in pieces (counted). Raises
+    BinaryFile before yielding anything when the first bytes hold a NUL byte."""
     line_no, offset, carry = 1, 0, b""
     continued = False  # the first line of this block continues a line cut at the previous block
     first = True

@@ -32,8 +32,7 @@ def json_problem(error: json.JSONDecodeError) -> str:
 
 def json_line_records(item: InputFile, lines: Iterator[tuple[int, str]], source: SourceConfig,
                       config: PrepareConfig, counts: Counter) -> Iterator[tuple[tuple, str, str]]:
-    """(group key, text, origin) of each good record of a JSON-lines file (blank lines ignored, bad
-    lines are bad records)."""
+    """(group key, text, origin) of each good record of a JSON-lines file; bad lines are bad records."""
     fields = group_fields(source)
     for number, line in lines:
         if not line.strip():

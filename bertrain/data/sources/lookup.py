@@ -116,8 +116,7 @@ def _matching_paths(source: SourceConfig) -> list[Path]:
 
 
 def resolve_source(source: SourceConfig, counts: Counter, skipped: list) -> list[InputFile]:
-    """Expand a source (file, directory, glob, datasets dir, hub name or the built-in pydoc corpus)
-    into InputFiles, sorted."""
+    """Expand a source (file, dir, glob, datasets dir, hub name, pydoc) into sorted InputFiles."""
     if source.format == "hub":
         spec = json.dumps({"name": source.name, "split": source.split, "data_files": source.data_files}, sort_keys=True)
         return [InputFile(source.path, "hub", None, 0, int(hashlib.sha256(spec.encode()).hexdigest()[:12], 16))]

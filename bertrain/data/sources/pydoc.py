@@ -1,10 +1,5 @@
-"""The pydoc corpus: English prose that ships with CPython (`pydoc_data.topics`, the reference manual).
-
-The `pydoc` source format (the `pydoc` recipe) reads it directly, one document per topic (prose
-only); the writer serves the tests, benchmarks and `bertrain demo`: the same documents as files,
-documents of consecutive paragraphs cut at about `max_chars` (the demo), or JSON lines of shuffled
-paragraphs up to a size (benchmarks).
-"""
+"""The pydoc corpus: English prose that ships with CPython (`pydoc_data.topics`), read by the `pydoc` source
+format and written as files for the tests, benchmarks and `bertrain demo`."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ PYDOC_SOURCE = "pydoc_data.topics"  # the path a `format: pydoc` source names
 
 
 def prose_paragraphs(text: str) -> list[str]:
-    """Paragraphs of a pydoc topic that are prose: grammar rules and code are indented, headings
-    are underlined with ***/===."""
+    """Paragraphs of a pydoc topic that are prose (not indented code or underlined headings)."""
     paragraphs = []
     for paragraph in re.split(r"\n\s*\n", text):
         lines = [line for line in paragraph.splitlines() if line.strip()]
@@ -44,12 +38,8 @@ def pydoc_paragraphs() -> list[str]:
 
 
 def pydoc_documents(*, prose_only: bool = True, max_chars: Optional[int] = None) -> list[tuple[str, str]]:
-    """(name, text) documents, topics in sorted order: one per topic ("topic-KEY"), or with
-    `max_chars` consecutive paragraphs of one topic until they reach max_chars ("KEY-NNNN").
-
-    Cutting topics (200 bytes to 62 KB) into similar-sized documents keeps the hash-based
-    validation split close to its nominal fraction instead of one huge topic deciding it.
-    """
+    """(name, text) documents in sorted topic order: one per topic, or with `max_chars` consecutive paragraphs up
+    to max_chars, so that no huge topic decides the hash-based validation split."""
     paragraphs_of = prose_paragraphs if prose_only else all_paragraphs
     documents: list[tuple[str, str]] = []
     for key in sorted(topics):
@@ -74,13 +64,8 @@ def pydoc_documents(*, prose_only: bool = True, max_chars: Optional[int] = None)
 def write_pydoc_corpus(out_dir: str | Path, size_mb: Optional[float] = None, seed: int = 0,
                        paragraphs_per_document: tuple[int, int] = (4, 24), *, prose_only: bool = True,
                        max_chars: Optional[int] = None) -> dict[str, int]:
-    """Write the pydoc corpus as text files usable as a source; return its documents, bytes and words.
-
-    Without `size_mb`: one .txt file per document of `pydoc_documents(prose_only=, max_chars=)`
-    (paragraphs separated by blank lines). With it: documents of `paragraphs_per_document` shuffled
-    prose paragraphs as JSON lines (`{"text": ...}`, files of <= 50 MB) until the corpus reaches
-    that size (every document differs, so dedup keeps them).
-    """
+    """Write the pydoc corpus as a source: one .txt per document, or with `size_mb` JSON lines of shuffled
+    paragraphs (files <= 50 MB) up to that size. Returns its documents, bytes and words."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if size_mb is not None:

@@ -22,11 +22,8 @@ COLUMN_READERS = {"parquet": parquet_batches, "arrow": arrow_batches, "hub": hub
 
 def read_documents(item: InputFile, source: SourceConfig, config: PrepareConfig, counts: Counter,
                    skipped: list, progress: Optional[list] = None) -> Iterator[tuple]:
-    """Raw documents of one input; updates counts (files, documents read, bad records, lines).
-
-    With `progress` (a list), its one item is set to a ByteProgress of the file being read (None
-    for column formats), so the caller can report compressed bytes consumed.
-    """
+    """Raw documents of one input; updates counts. With `progress` (a list), its one item is set to the
+    ByteProgress of the file being read (None for column formats)."""
     if progress is not None:
         progress[:] = [None]
     if source.group_by and item.format in ("text", "pydoc"):
@@ -74,8 +71,7 @@ def _line_documents(item: InputFile, stream: Any, source: SourceConfig, config: 
     lines = chain((first,), lines)
     try:
         if item.format in ("json", "jsonl"):
-            yield from record_documents(json_line_records(item, lines, source, config, counts), source, config,
-                                        counts)
+            yield from record_documents(json_line_records(item, lines, source, config, counts), source, config, counts)
         else:
             for document in text_documents(item, lines, source, config, counts):
                 counts["documents_read"] += 1

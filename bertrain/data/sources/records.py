@@ -52,8 +52,7 @@ def bad_record(message: str, config: PrepareConfig, counts: Counter, source: Opt
 
 def grouped_documents(records: Iterator[tuple[tuple, str, str]], config: PrepareConfig,
                       counts: Counter) -> Iterator[tuple]:
-    """Raw "text" documents from (group key, text, origin) records: consecutive records with equal
-    keys are joined, one paragraph each; a group past max_document_chars is cut (counted)."""
+    """"text" documents from records: consecutive equal keys joined, a group past max_document_chars cut."""
     texts: list[str] = []
     key: Any = None
     origin, size = "", 0
@@ -85,8 +84,7 @@ def record_documents(records: Iterator[tuple[tuple, str, str]], source: SourceCo
 
 def column_records(item: InputFile, batches: Iterator[tuple[list, Optional[list]]], source: SourceConfig,
                    config: PrepareConfig, counts: Counter) -> Iterator[tuple[tuple, str, str]]:
-    """(group key, text, origin) records from batches of (text-column values, group keys or None); non-strings
-    are bad records."""
+    """(group key, text, origin) records from column batches; non-strings are bad records."""
     row = 0
     for values, keys in batches:
         for index, value in enumerate(values):

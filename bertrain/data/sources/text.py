@@ -25,8 +25,7 @@ def guess_text_layout(lines: list[str]) -> str:
 
 def text_documents(item: InputFile, lines: Iterator[tuple[int, str]], source: SourceConfig,
                    config: PrepareConfig, counts: Counter) -> Iterator[tuple]:
-    """Raw documents of a text file: one per blank-line-separated block (sentence_per_line), or the
-    whole file as one "text" document, cut at a paragraph boundary past max_document_chars."""
+    """Raw documents of a text file: blank-line-separated blocks, or the whole file cut at paragraph boundaries."""
     layout = source.text_layout
     if layout == "auto":
         head = []
