@@ -9,8 +9,11 @@ import pytest
 
 from bertrain.config import DataConfig
 from bertrain.data.format import open_prepared
-from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings, split_index
+from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings, nsp_split_index, split_index
+from bertrain.data.pair_chunks import random_b
 from bertrain.data.pairs import build_plan
+from bertrain.data.split_index import gather_tokens
+from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import DataError
 from tests.helpers import make_prepared_dir
 
@@ -76,6 +79,27 @@ def test_nsp_half_negatives_always_from_another_document(prepared):
         assert (plan.b_start[positive] >= plan.a_start[positive] + plan.a_length[positive]).all()
         assert (plan.a_length >= 1).all() and (plan.b_length >= 1).all()
         assert (plan.a_length + plan.b_length <= 64 - 3).all()
+
+
+def test_nsp_random_b_ends_on_a_full_stop_where_the_positive_did(prepared):
+    index = nsp_split_index(prepared, "train")
+    tokenizer = load_tokenizer(prepared.tokenizer_dir)   # an independent reading of the last tokens
+    last = gather_tokens([shard.tokens for shard in prepared.split("train").shards], index.token_base,
+                         index.sentence_cum[1:] - 1)
+    ends = np.array([tokenizer.id_to_token(int(t)).endswith((".", "!", "?")) for t in last])
+    assert (index.sentence_final == ends).all() and 0.2 < ends.mean() < 0.9
+    rng = np.random.default_rng(0)
+    count = 2000
+    document = rng.integers(0, index.num_documents, count)
+    wanted = rng.random(count) < 0.5
+    room = np.full(count, 60)
+    first, end, other = random_b(index, np.arange(index.num_documents), rng, document, np.full(count, 30),
+                                 np.zeros(count, np.int64), room, 61, wanted)
+    assert (other != document).all() and (end >= first).all()
+    assert (ends[end] == wanted).mean() > 0.99
+    first, end, _ = random_b(index, np.arange(index.num_documents), rng, document, np.full(count, 30),
+                             np.zeros(count, np.int64), room, 61)
+    assert 0.35 < (ends[end] == wanted).mean() < 0.65   # without b_final: independent of it
 
 
 def test_sop_negatives_are_exact_swaps_of_positives(prepared):

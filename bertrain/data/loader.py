@@ -3,6 +3,7 @@ is dropped (uneven counts stall DDP); item m is a pure function of (data, config
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -13,7 +14,8 @@ import numpy as np
 from bertrain.batch_layout import map_tensors
 from bertrain.config import MAX_AUTO_WORKERS
 from bertrain.data.format import PreparedData, open_prepared
-from bertrain.data.masking import AssembledBatch, Collator, MaskingSettings, instance_keys, word_start_table
+from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
+                                   word_start_table)
 from bertrain.data.pairs import EpochPlan, build_plan
 from bertrain.data.split_index import SplitIndex, gather_tokens, index_split
 from bertrain.errors import DataError, UsageError
@@ -41,12 +43,25 @@ def split_index(prepared: PreparedData, split: str) -> SplitIndex:
     return _remember(_indexes, key, lambda: index_split(prepared.split(split)), size=4)
 
 
+def nsp_split_index(prepared: PreparedData, split: str) -> SplitIndex:
+    """The split index with which sentences end on . ! ? (an NSP negative's B ends like the positive's)."""
+    def build() -> SplitIndex:
+        index = split_index(prepared, split)
+        table = sentence_final_table(prepared.tokenizer_dir, prepared.vocab_size)
+        last = gather_tokens([shard.tokens for shard in prepared.split(split).shards], index.token_base,
+                             np.maximum(index.sentence_cum[1:] - 1, 0))
+        return dataclasses.replace(index, sentence_final=table[last] & (np.diff(index.sentence_cum) > 0))
+    key = (str(Path(prepared.path).resolve()), prepared.fingerprint, split, "nsp")
+    return _remember(_indexes, key, build, size=4)
+
+
 def epoch_plan(prepared: PreparedData, data_config, *, seed: int, epoch: int, split: str = "train") -> EpochPlan:
     """The (cached) plan of an epoch: built once, shared by num_micro_batches and the loaders."""
     key = (str(Path(prepared.path).resolve()), prepared.fingerprint, split, data_config.objective,
            data_config.max_seq_length, data_config.short_seq_prob, seed, epoch)
+    index = nsp_split_index if data_config.objective == "nsp" else split_index
     return _remember(_plans, key, lambda: build_plan(
-        split_index(prepared, split), objective=data_config.objective, max_seq_length=data_config.max_seq_length,
+        index(prepared, split), objective=data_config.objective, max_seq_length=data_config.max_seq_length,
         short_seq_prob=data_config.short_seq_prob, seed=seed, epoch=epoch, split=split), size=3)
 
 

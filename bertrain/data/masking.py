@@ -77,6 +77,16 @@ def keyed_uniform(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarra
     return keyed_bits(keys, units, stream).astype(np.float64) * _TO_UNIT
 
 
+SENTENCE_FINAL = (".", "!", "?")
+
+
+def sentence_final_table(tokenizer_file: str, vocab_size: int) -> np.ndarray:
+    """[vocab] bool: does this token end on . ! ? (NSP negatives match it; the pair audit probes it)."""
+    tokenizer = load_tokenizer(tokenizer_file)
+    size = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
+    return np.array([(tokenizer.id_to_token(token_id) or "").endswith(SENTENCE_FINAL) for token_id in range(size)])
+
+
 def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vocab_size: int) -> np.ndarray:
     """[vocab] bool: does this token start a word? From the tokenizer's vocab and its word marker."""
     expected = WORD_MARKERS.get(kind)

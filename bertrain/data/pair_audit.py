@@ -19,9 +19,8 @@ import numpy as np
 from bertrain.config import fit_micro_batch_size
 from bertrain.data.format import PreparedData
 from bertrain.data.loader import epoch_plan, masking_settings, train_dataset
-from bertrain.data.masking import IGNORE_INDEX, splitmix64
+from bertrain.data.masking import IGNORE_INDEX, sentence_final_table, splitmix64
 from bertrain.errors import DataError
-from bertrain.tokenizer_file import load_tokenizer
 
 # The features of [CLS] A [SEP] B [SEP] (a continuation piece: WordPiece "##", Unigram without "▁").
 PROBE_NAMES = {
@@ -43,7 +42,6 @@ WARNING_MARGIN = 0.02
 # 2-point warning margin is 4 standard errors (a chance false alarm has probability ~3e-5).
 DEFAULT_INSTANCES = 20_000
 MAX_EPOCHS = 200
-_SENTENCE_FINAL = (".", "!", "?")
 
 
 @dataclass
@@ -73,10 +71,8 @@ class ProbeResult:
 def piece_tables(prepared: PreparedData, data_config) -> tuple[np.ndarray, np.ndarray]:
     """([vocab] bool continuation piece, [vocab] bool ends in . ! ?) from the prepared tokenizer."""
     word_start = masking_settings(prepared, dataclasses.replace(data_config, masking="whole_word")).word_start
-    tokenizer = load_tokenizer(prepared.tokenizer_dir)
-    final = np.array([(tokenizer.id_to_token(token_id) or "").endswith(_SENTENCE_FINAL)
-                      for token_id in range(len(word_start))])
-    return ~word_start, final
+    final = sentence_final_table(prepared.tokenizer_dir, prepared.vocab_size)
+    return ~word_start, final[:len(word_start)]
 
 
 def surface_features(input_ids: np.ndarray, attention_mask: np.ndarray, *, sep_id: int, max_seq_length: int,

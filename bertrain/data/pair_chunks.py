@@ -33,8 +33,10 @@ def split_long_sentences(index: SplitIndex, max_tokens: int, rng: np.random.Gene
     cuts = index.sentence_cum[long[owner]] + (rank * length[long[owner]] + offset[owner]) // pieces[owner]
     cum = np.insert(index.sentence_cum, long[owner][rank > 0] + 1, cuts[rank > 0])
     added = np.concatenate([[0], np.cumsum(pieces - 1)])
+    final = index.sentence_final   # pieces never end a labelled B: any value will do
     cut = dataclasses.replace(index, sentence_cum=cum,
-                              document_first=index.document_first + added[np.searchsorted(long, index.document_first)])
+                              document_first=index.document_first + added[np.searchsorted(long, index.document_first)],
+                              sentence_final=None if final is None else np.insert(final, long[owner][rank > 0] + 1, 0))
     if not alone:
         return cut, cut
     planned = np.diff(cum)
@@ -167,8 +169,8 @@ def _b_end(index: SplitIndex, first: np.ndarray, b_target: np.ndarray, room: np.
 
 
 def random_b(index: SplitIndex, nonempty: np.ndarray, rng: np.random.Generator, document: np.ndarray,
-              b_target: np.ndarray, tail: np.ndarray, room: np.ndarray,
-              max_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              b_target: np.ndarray, tail: np.ndarray, room: np.ndarray, max_tokens: int,
+              b_final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first sentence, end sentence, document) of NSP negatives' B, from another document and made
     by the rule that made the positive's B, so that only the text tells them apart:
       * tail[i] == 0: from a uniform sentence that fits in `room`, until `b_target` tokens or what fits
@@ -177,7 +179,9 @@ def random_b(index: SplitIndex, nonempty: np.ndarray, rng: np.random.Generator, 
       * tail[i] == m > 0 (the positive's B ended with its window, short of the target): the last m
         sentences of a uniform document with more than m sentences and fewer than `b_target` tokens;
       * b_target[i] > room[i] (the positive's B did not fit: a truncated pair): one sentence longer
-        than `room`.
+        than `room`;
+      * where `b_final` is given (NSP plans read index.sentence_final), the last sentence ends on . ! ?
+        where b_final says the positive's did: else A's and B's endings agree more often in positives.
     Up to RANDOM_B_DRAWS draws look for such a B; then any other document will do."""
     cum, document_first = index.sentence_cum, index.document_first
     need = np.maximum(b_target, 1)
@@ -205,6 +209,8 @@ def random_b(index: SplitIndex, nonempty: np.ndarray, rng: np.random.Generator, 
                                                                    rest[maybe], drawn_end[maybe] - 1))
         a = max_tokens - rest[maybe]
         ok[maybe] = rng.random(len(maybe)) * (a + cum[end] - cum[start[maybe]]) < a
+        if b_final is not None:
+            ok[maybe] &= index.sentence_final[end] == b_final[todo[maybe]]
         other[todo[ok]] = drawn[ok]
         first[todo[ok]] = start[ok]
         todo = todo[~ok]

@@ -21,6 +21,7 @@ class SplitIndex:
     sentence_cum: np.ndarray     # [S + 1] int64 tokens before each sentence (lengths' cumulative sum)
     document_first: np.ndarray   # [D + 1] int64 global sentence index where each document starts
     token_base: np.ndarray       # [K + 1] int64 global position of each shard's first token
+    sentence_final: np.ndarray | None = None   # [S] bool sentence ends on . ! ? (read for NSP plans only)
 
     @property
     def sentence_start(self) -> np.ndarray:
