@@ -47,7 +47,7 @@ def test_an_epoch_that_leaves_tokens_out_warns(tmp_path):
                        make_console(file=out, width=200))
     assert stats["coverage"] >= 0.99 and stats["coverage_in_batches"] < 0.8
     warning = f"Warning: this epoch trains on only {stats['coverage_in_batches']:.1%} of the training tokens"
-    assert warning in out.getvalue()
+    assert warning in out.getvalue() and "the last incomplete batch is dropped. A smaller batch" in out.getvalue()
 
 
 def test_the_audit_runs_on_a_corpus_smaller_than_one_micro_batch(tmp_path, run_cli):

@@ -166,9 +166,12 @@ def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_conf
         stats["coverage"], stats["coverage_in_batches"]), f">= {MIN_COVERAGE:.0%}")
     console.print(table)
     if stats["coverage_in_batches"] < MIN_COVERAGE:
+        why = ("the last incomplete batch is dropped. A smaller batch (or more data) keeps more"
+               if stats["coverage"] >= MIN_COVERAGE else
+               "two sentences that together exceed data.max_seq_length are truncated and the last incomplete batch "
+               "is dropped. A longer max_seq_length or a smaller batch keeps more")
         console.print(f"[yellow]Warning:[/] this epoch trains on only {stats['coverage_in_batches']:.1%} of the "
-                      f"training tokens: two sentences that together exceed data.max_seq_length are truncated and "
-                      f"the last incomplete batch is dropped. A longer max_seq_length or a smaller batch keeps more.")
+                      f"training tokens ({stats['coverage']:.1%} are in its instances): {why}.")
 
 
 def print_audit(results: list[ProbeResult], objective: str, console) -> bool:
