@@ -47,6 +47,8 @@ def nsp_split_index(prepared: PreparedData, split: str) -> SplitIndex:
     """The split index with which sentences end on . ! ? (an NSP negative's B ends like the positive's)."""
     def build() -> SplitIndex:
         index = split_index(prepared, split)
+        if not index.num_sentences:
+            return dataclasses.replace(index, sentence_final=np.zeros(0, bool))
         table = sentence_final_table(prepared.tokenizer_dir, prepared.vocab_size)
         last = gather_tokens([shard.tokens for shard in prepared.split(split).shards], index.token_base,
                              np.maximum(index.sentence_cum[1:] - 1, 0))
