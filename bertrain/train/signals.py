@@ -1,5 +1,6 @@
-"""SIGTERM / SIGUSR1 → finish the step, save, exit 75 (stdlib only: imported before torch). A second signal
-exits at once with 128 + signal number; repeats within DUPLICATE_WINDOW (SLURM plus the launcher) count once."""
+"""Stop signals (stdlib only: imported before torch). SIGTERM / SIGUSR1 → finish the step, save, exit 75; Ctrl-C
+(SIGINT) → the same, exit 130. A second signal exits at once with 128 + signal number: a second Ctrl-C always,
+other repeats only after DUPLICATE_WINDOW (SLURM and the launcher each send one SIGTERM)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 import time
 from typing import Iterator
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+REQUEUE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption: the job script requeues (exit 75)
+STOP_SIGNALS = (*REQUEUE_SIGNALS, signal.SIGINT)
 AT_ONCE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 DUPLICATE_WINDOW = 3.0
 
@@ -20,29 +22,40 @@ _installed = False
 _at_once: list[str] = []  # non-empty: what is running (e.g. "pretrain --dry-run"), ended by the first signal
 
 
-def _exit_now(signum: int) -> None:
-    """Flush what was printed, say why, and exit with 128 + signum (no cleanup: nothing to save)."""
+def _say(text: str) -> None:
+    """Write `text` to stderr from a signal handler (rank 0 only: every rank of a launch gets the signal)."""
+    if os.environ.get("RANK", "0") == "0":
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode())
+
+
+def _exit_now(signum: int, why: str) -> None:
+    """Flush what was printed, say why, and exit with 128 + signum (no cleanup, no traceback)."""
     with contextlib.suppress(Exception):  # a flush interrupted mid-write may refuse a reentrant call
         sys.stdout.flush()
-    name = signal.Signals(signum).name
-    with contextlib.suppress(OSError):
-        os.write(2, f"\n{_at_once[-1]} stopped by {name}; exit code {128 + signum}.\n".encode())
+    _say(f"\n{why}; exit code {128 + signum}.\n")
     os._exit(128 + signum)
 
 
 def _handle(signum: int, frame: object) -> None:
     if _at_once:
-        _exit_now(signum)
+        _exit_now(signum, f"{_at_once[-1]} stopped by {signal.Signals(signum).name}")
     now = time.monotonic()
-    if _received and now - _first_time[0] > DUPLICATE_WINDOW:
-        os._exit(128 + signum)
-    if not _received:
-        _first_time.append(now)
+    if _received:
+        if signum == signal.SIGINT and _received[0] == signal.SIGINT:  # launchers pass Ctrl-C on once: a person
+            _exit_now(signum, "Stopped at once by a second Ctrl-C: no checkpoint of the current step (the same "
+                              "command resumes from the newest one)")
+        if now - _first_time[0] > DUPLICATE_WINDOW:
+            os._exit(128 + signum)
+        return
+    _first_time.append(now)
     _received.append(signum)
+    if signum == signal.SIGINT:
+        _say("\nCtrl-C: finishing the current step, then saving a checkpoint (Ctrl-C again stops at once).\n")
 
 
 def install_handlers() -> None:
-    """Record SIGTERM/SIGUSR1 instead of dying; the training loop polls `stop_requested`. Under
+    """Record SIGTERM/SIGUSR1/SIGINT instead of dying; the training loop polls `stop_requested`. Under
     `pretrain --dry-run` (seen in sys.argv: this runs before the command line is parsed) the first signal
     ends the process at once instead."""
     global _installed
@@ -50,7 +63,6 @@ def install_handlers() -> None:
         return
     if "--dry-run" in sys.argv[1:] and not _at_once:
         _at_once.append("pretrain --dry-run")
-        signal.signal(signal.SIGINT, _handle)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handle)
     _installed = True
@@ -66,7 +78,7 @@ def stop_at_once(what: str) -> Iterator[None]:
         for sig in AT_ONCE_SIGNALS:
             signal.signal(sig, _handle)
         if _received:
-            _exit_now(_received[0])
+            _exit_now(_received[0], f"{what} stopped by {signal.Signals(_received[0]).name}")
         yield
     finally:
         _at_once.pop()
@@ -80,6 +92,11 @@ def stop_requested() -> bool:
     return bool(_received)
 
 
+def requeue_requested() -> bool:
+    """True once SIGTERM or SIGUSR1 has arrived (a preemption: exit 75), not only a Ctrl-C."""
+    return any(signum in REQUEUE_SIGNALS for signum in _received)
+
+
 def received_signal_name() -> str | None:
-    """Name of the first signal received (SIGTERM / SIGUSR1), or None."""
+    """Name of the first signal received (SIGTERM / SIGUSR1 / SIGINT), or None."""
     return signal.Signals(_received[0]).name if _received else None
