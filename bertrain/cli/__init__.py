@@ -26,6 +26,10 @@ def _command_modules() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75)."""
     _install_early_signal_handlers()
+    if os.environ.get("BERTRAIN_LAUNCH_OUTPUT_OF"):  # a worker of `bertrain launch`: print where it prints
+        from bertrain.cli.launch_commands import print_to_launch_output
+
+        print_to_launch_output()
     import typer
 
     from bertrain.cli.app import app, print_config_warnings
