@@ -51,6 +51,21 @@ def launcher_log(command: list[str]) -> Path:
     return Path(tempfile.gettempdir()) / f"bertrain-launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
+def _reopen_output(pid: int, fd: int) -> int:
+    """A new descriptor onto process `pid`'s descriptor `fd` (OSError without /proc, or for a socket)."""
+    return os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND)  # into a file: after what is there
+
+
+def workers_can_print_here() -> bool:
+    """Whether the workers can write to this process's stdout and stderr themselves (see print_to_launch_output)."""
+    try:
+        for fd in (1, 2):
+            os.close(_reopen_output(os.getpid(), fd))
+    except OSError:
+        return False
+    return True
+
+
 def print_to_launch_output() -> None:
     """In a worker of `bertrain launch` whose launcher writes to a log: write stdout/stderr where `bertrain
     launch` writes them (a terminal, a pipe, a job's output file). Where that cannot be opened (no /proc, a
@@ -59,9 +74,9 @@ def print_to_launch_output() -> None:
     if not launch_pid:
         return
     for fd in (1, 2):
-        try:  # O_APPEND: into a file, after what is there (launch moves to the end before its own last line)
-            target = os.open(f"/proc/{launch_pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
-        except OSError:
+        try:
+            target = _reopen_output(int(launch_pid), fd)
+        except (OSError, ValueError):
             continue
         os.dup2(target, fd)
         os.close(target)
@@ -152,7 +167,8 @@ def launch(
     if nproc is not None:
         command = torchrun_command(nproc, command)
     debug = debug or bool(ctx.find_root().params.get("debug"))
-    log_path = None if debug else launcher_log(command)
+    # Without a way for the workers to print here (no /proc, a socket), everything stays here, as with --debug.
+    log_path = None if debug or not workers_can_print_here() else launcher_log(command)
     status_dir = Path(tempfile.mkdtemp(prefix="bertrain-exit-"))
     try:
         with contextlib.ExitStack() as stack:

@@ -32,7 +32,7 @@ from bertrain.train.precision import local_device_type
 from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
-from bertrain.train.signals import install_handlers, received_signal_name, stop_at_once
+from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
 from bertrain.train.step import NonFiniteWatch, StepResult, optimizer_step, train_step
 from bertrain.train.stream import TrainStream
 
@@ -205,8 +205,9 @@ class Trainer:
                 f"{parts.micro_batch_size} sequences per micro-batch x {train.gradient_accumulation_steps} "
                 f"accumulation, global batch {train.batch_size}, device {accelerator.device}.")
         try:
-            while not self._done(state) and not self._one_step(parts, session):
-                pass
+            with ctrl_c_saves():
+                while not self._done(state) and not self._one_step(parts, session):
+                    pass
             saved_step = rundir.step_of(session.last_checkpoint) if session.last_checkpoint else None
             if self._done(state) and state.step > session.start_step and saved_step != state.step \
                     and not state.bad_steps:

@@ -1,6 +1,6 @@
 """Stop signals (stdlib only: imported before torch). SIGTERM / SIGUSR1 → finish the step, save, exit 75; Ctrl-C
-(SIGINT) → the same, exit 130. A second signal exits at once with 128 + signal number: a second Ctrl-C always,
-other repeats only after DUPLICATE_WINDOW (SLURM and the launcher each send one SIGTERM)."""
+(SIGINT) in the training loop → the same, exit 130. A second signal exits at once with 128 + signal number: a second
+Ctrl-C always, other repeats only after DUPLICATE_WINDOW (SLURM and the launcher each send one SIGTERM)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import sys
 import time
 from typing import Iterator
 
-REQUEUE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption: the job script requeues (exit 75)
-STOP_SIGNALS = (*REQUEUE_SIGNALS, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption: the job script requeues (exit 75)
 AT_ONCE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 DUPLICATE_WINDOW = 3.0
 
@@ -55,7 +54,7 @@ def _handle(signum: int, frame: object) -> None:
 
 
 def install_handlers() -> None:
-    """Record SIGTERM/SIGUSR1/SIGINT instead of dying; the training loop polls `stop_requested`. Under
+    """Record SIGTERM/SIGUSR1 instead of dying; the training loop polls `stop_requested`. Under
     `pretrain --dry-run` (seen in sys.argv: this runs before the command line is parsed) the first signal
     ends the process at once instead."""
     global _installed
@@ -63,6 +62,7 @@ def install_handlers() -> None:
         return
     if "--dry-run" in sys.argv[1:] and not _at_once:
         _at_once.append("pretrain --dry-run")
+        signal.signal(signal.SIGINT, _handle)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handle)
     _installed = True
@@ -87,6 +87,21 @@ def stop_at_once(what: str) -> Iterator[None]:
             signal.signal(sig, _handle if keep else handler if handler is not None else signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def ctrl_c_saves() -> Iterator[None]:
+    """Within the block (the training loop) Ctrl-C is a stop signal: the step finishes and is saved, exit 130.
+    Outside, it raises KeyboardInterrupt as usual: before the first step there is nothing to save, and a caller
+    in the same process (a notebook, tests) gets its Ctrl-C back afterwards."""
+    previous = signal.signal(signal.SIGINT, _handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        if _received and _received[0] == signal.SIGINT:  # handled: a later run in this process starts afresh
+            _received.clear()
+            _first_time.clear()
+
+
 def stop_requested() -> bool:
     """True once a stop signal has arrived."""
     return bool(_received)
@@ -94,7 +109,7 @@ def stop_requested() -> bool:
 
 def requeue_requested() -> bool:
     """True once SIGTERM or SIGUSR1 has arrived (a preemption: exit 75), not only a Ctrl-C."""
-    return any(signum in REQUEUE_SIGNALS for signum in _received)
+    return any(signum in STOP_SIGNALS for signum in _received)
 
 
 def received_signal_name() -> str | None:
