@@ -181,6 +181,19 @@ def test_the_launchers_output_goes_to_the_log_it_names_and_the_workers_print_her
     assert result.returncode == 1 and f"the launcher's output: {log}" in " ".join(result.stderr.split())
 
 
+def test_into_a_job_output_file_nobody_overwrites_anybody(tmp_path):
+    # SLURM's job.out: launch's stdout and stderr are one file, which the workers reopen to append to.
+    job_out = tmp_path / "job.out"
+    with open(job_out, "w") as handle:
+        subprocess.run([sys.executable, "-m", "bertrain", "launch", sys.executable, "-c", NOISY_LAUNCHER, "--run-dir",
+                        str(tmp_path / "run")], env=pretrain_env(), cwd=ROOT, stdout=handle, stderr=handle,
+                       timeout=WAIT)
+    lines = job_out.read_text().splitlines()
+    assert lines[0].startswith("bertrain launch: the launcher's own output goes to"), lines
+    assert "worker stdout" in lines and "worker stderr" in lines, lines
+    assert lines[-1].startswith("bertrain launch: exit 1:"), lines
+
+
 def test_launch_debug_shows_the_launchers_output_and_writes_no_log(tmp_path):
     run_dir = tmp_path / "run"
     result = finish(launch("--debug", sys.executable, "-c", NOISY_LAUNCHER, "--run-dir", str(run_dir)))
