@@ -24,15 +24,14 @@ def _command_modules() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75)."""
+    """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75/130)."""
     _install_early_signal_handlers()
-    if os.environ.get("BERTRAIN_LAUNCH_OUTPUT_OF"):  # a worker of `bertrain launch`: print where it prints
-        from bertrain.cli.launch_commands import print_to_launch_output
-
-        print_to_launch_output()
     import typer
 
     from bertrain.cli.app import app, print_config_warnings
+    from bertrain.cli.launch_commands import print_to_launch_output
+
+    print_to_launch_output()  # in a worker of `bertrain launch`: print where it prints
 
     _command_modules()
     args = list(sys.argv[1:] if argv is None else argv)
