@@ -212,6 +212,19 @@ def test_a_second_ctrl_c_stops_at_once_without_a_traceback(workdir, config, data
     assert not (run_dir / "checkpoints" / f"step-{1:08d}").exists()
 
 
+def test_ctrl_c_before_the_first_step_stops_at_once(workdir, config, data):
+    run_dir = workdir / "ctrl_c_setup"
+    process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
+                                str(data), "--run-dir", str(run_dir)], env=pretrain_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until_handling(process, signal.SIGTERM)  # bertrain's first act: the CLI runs, imports and setup follow
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 130, f"{out}\n{err}"
+    assert "Interrupted." in err and "Traceback" not in err, err
+    assert not (run_dir / "checkpoints").exists()  # nothing trained, nothing saved
+
+
 # ---------------------------------------------------------------------------------------------
 # Gradient accumulation, unpadded encoder, world size: the plain run's steps in another order
 # ---------------------------------------------------------------------------------------------

@@ -82,7 +82,11 @@ def exit_code_for(error: BaseException, debug: bool) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while the CLI itself loads, before main() handles errors
+        print("Interrupted.", file=sys.stderr)
+        code = 130
     from bertrain.exit_status import record_exit
 
     record_exit(code)  # under `bertrain launch`: its exit code is combined from every worker's
