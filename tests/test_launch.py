@@ -131,10 +131,11 @@ def test_launch_exits_with_what_the_workers_recorded(codes, expected):
     assert f"bertrain launch: exit {expected}:" in result.stderr
 
 
-def test_launch_without_status_files_keeps_the_launchers_code():
-    result = finish(launch(sys.executable, "-c", "import sys; sys.exit(7)"))
+def test_launch_without_status_files_keeps_the_launchers_code_and_shows_its_last_lines():
+    result = finish(launch(sys.executable, "-c", "import sys; print('torchrun: error: bad argument'); sys.exit(7)"))
     assert result.returncode == 7, explain(result)
     assert "no worker recorded an exit status" in result.stderr
+    assert "torchrun: error: bad argument" in result.stderr  # a launcher that failed by itself: its log's end, here
 
 
 def test_launch_refuses_a_missing_command_or_launcher(run_cli):
@@ -158,12 +159,13 @@ def test_a_signal_to_launch_reaches_the_launcher_and_gives_75(tmp_path, sig):
     assert result.returncode == 75, explain(result)
 
 
-# A launcher that prints a traceback of its own and starts a worker that prints on stdout and stderr.
+# A launcher that prints a traceback of its own and starts a worker that prints on stdout and stderr, then fails.
 NOISY_LAUNCHER = """
 import subprocess, sys
 print("Traceback (most recent call last): the launcher's own noise", file=sys.stderr, flush=True)
 subprocess.run([sys.executable, "-c", "import sys; from bertrain.cli.launch_commands import print_to_launch_output; "
-                "print_to_launch_output(); print('worker stdout'); print('worker stderr', file=sys.stderr)"])
+                "print_to_launch_output(); print('worker stdout'); print('worker stderr', file=sys.stderr); "
+                "from bertrain.exit_status import record_exit; record_exit(1)"])
 sys.exit(1)
 """
 

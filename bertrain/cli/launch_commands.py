@@ -91,6 +91,14 @@ def _to_end_of_files() -> None:
                 os.lseek(stream.fileno(), 0, os.SEEK_END)
 
 
+def _tail(log_path: Path, start: int, lines: int = 20) -> str:
+    """The last `lines` lines the launcher wrote to `log_path` from byte `start` on (this run's part)."""
+    with open(log_path, "rb") as handle:
+        handle.seek(start)
+        written = handle.read().decode(errors="replace").splitlines()
+    return "\n".join([f"bertrain launch: the launcher's last lines ({log_path}):", *written[-lines:]])
+
+
 def run_launcher(command: list[str], status_dir: Path, log: Optional[IO] = None) -> int:
     """Run `command` in its own process group, forwarding stop signals to the group; its exit code
     (128 + N when signal N ended it). With `log`, the launcher's stdout and stderr go there."""
@@ -172,18 +180,22 @@ def launch(
     status_dir = Path(tempfile.mkdtemp(prefix="bertrain-exit-"))
     try:
         with contextlib.ExitStack() as stack:
-            log = None
+            log, log_start = None, 0
             if log_path is not None:
                 log = stack.enter_context(open(log_path, "a", encoding="utf-8"))
                 log.write(f"\n=== bertrain launch, {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
                 log.flush()
+                log_start = log.tell()
                 err_console.print(f"bertrain launch: the launcher's own output goes to {log_path} (--debug shows it "
                                   "here).", markup=False, highlight=False, soft_wrap=True)
             launcher_code = run_launcher(command, status_dir, log)
-        code, reason = combine_exit_codes(read_exits(status_dir), launcher_code)
+        exits = read_exits(status_dir)
+        code, reason = combine_exit_codes(exits, launcher_code)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
     _to_end_of_files()
+    if log_path is not None and not exits and launcher_code != 0:  # it failed by itself (bad arguments…): show why
+        err_console.print(_tail(log_path, log_start), markup=False, highlight=False, soft_wrap=True)
     where = f"; the launcher's output: {log_path}" if log_path is not None and code != 0 else ""
     err_console.print(f"bertrain launch: exit {code}: {reason}{where}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
