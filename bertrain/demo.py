@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -96,7 +97,13 @@ def run_cli_stage(name: str, args: list[str], console: Console) -> None:
     command = [sys.executable, "-m", "bertrain", *args]
     console.print(f"[dim]$ bertrain {' '.join(_quote(a) for a in args)}[/]", highlight=False)
     console.file.flush()
-    result = subprocess.run(command, env=_stage_env(), stdout=console.file if _is_real_file(console) else None)
+    # Ctrl-C reaches the stage too (same process group): the stage decides (pretrain saves first), we wait for it.
+    # A no-op handler, not SIG_IGN, which the stage would inherit.
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        result = subprocess.run(command, env=_stage_env(), stdout=console.file if _is_real_file(console) else None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if result.returncode in (EXIT_REQUEUE, 130, 143, -2, -15):  # its own requeue code, or SIGINT/SIGTERM
         raise Interrupted(f"The demo's {name} stage was stopped by a signal.",
                           EXIT_REQUEUE if result.returncode == EXIT_REQUEUE else 130)

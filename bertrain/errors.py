@@ -4,6 +4,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_REQUEUE = 75
+EXIT_CTRL_C = 130  # 128 + SIGINT: stopped by Ctrl-C (pretrain saved a checkpoint first)
 
 
 class BertrainError(Exception):

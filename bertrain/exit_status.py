@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertrain.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE
+from bertrain.errors import EXIT_CTRL_C, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE
 from bertrain.files import write_atomic
 
 STATUS_DIR_ENV = "BERTRAIN_EXIT_STATUS_DIR"
@@ -74,8 +74,9 @@ def combine_exit_codes(exits: list[WorkerExit], launcher_code: int) -> tuple[int
         return EXIT_ERROR, f"workers ended with different exit codes ({listed}){silent}"
     if stopped:
         code = stopped.pop()
-        what = "stopped by a signal after writing a checkpoint: requeue the job or run the same command to resume" \
-            if code == EXIT_REQUEUE else "stopped"
+        what = {EXIT_REQUEUE: "stopped by a signal after writing a checkpoint: requeue the job or run the same command "
+                              "to resume",
+                EXIT_CTRL_C: "stopped by Ctrl-C: run the same command to resume"}.get(code, "stopped")
         return code, f"rank(s) {_ranks(exits, code)} {what} (exit {code}){silent}"
     if silent and launcher_code != EXIT_OK:
         return EXIT_ERROR, f"the launcher failed (exit {launcher_code}){silent} (killed or crashed)"

@@ -17,6 +17,7 @@ REPORT = "report.html"  # `bertrain report`'s page, rewritten after each evaluat
 EVALUATION = "results.md"  # a downstream evaluation's table, shown by the report when present
 WANDB_ID = "wandb_id.txt"
 LOCK = ".lock"
+LAUNCHER_LOG = "launcher.log"  # `bertrain launch --run-dir …`: the launcher's own output (torchrun's tracebacks)
 TOKENIZER = "tokenizer"
 OLD_RUN_PREFIX = "old-"
 CHECKPOINTS = "checkpoints"

@@ -131,10 +131,11 @@ def test_launch_exits_with_what_the_workers_recorded(codes, expected):
     assert f"bertrain launch: exit {expected}:" in result.stderr
 
 
-def test_launch_without_status_files_keeps_the_launchers_code():
-    result = finish(launch(sys.executable, "-c", "import sys; sys.exit(7)"))
+def test_launch_without_status_files_keeps_the_launchers_code_and_shows_its_last_lines():
+    result = finish(launch(sys.executable, "-c", "import sys; print('torchrun: error: bad argument'); sys.exit(7)"))
     assert result.returncode == 7, explain(result)
     assert "no worker recorded an exit status" in result.stderr
+    assert "torchrun: error: bad argument" in result.stderr  # a launcher that failed by itself: its log's end, here
 
 
 def test_launch_refuses_a_missing_command_or_launcher(run_cli):
@@ -156,6 +157,50 @@ def test_a_signal_to_launch_reaches_the_launcher_and_gives_75(tmp_path, sig):
         process.kill()
     assert got.read_text() == sig.name
     assert result.returncode == 75, explain(result)
+
+
+# A launcher that prints a traceback of its own and starts a worker that prints on stdout and stderr, then fails.
+NOISY_LAUNCHER = """
+import subprocess, sys
+print("Traceback (most recent call last): the launcher's own noise", file=sys.stderr, flush=True)
+subprocess.run([sys.executable, "-c", "import sys; from bertrain.cli.launch_commands import print_to_launch_output; "
+                "print_to_launch_output(); print('worker stdout'); print('worker stderr', file=sys.stderr); "
+                "from bertrain.exit_status import record_exit; record_exit(1)"])
+sys.exit(1)
+"""
+
+
+def test_the_launchers_output_goes_to_the_log_it_names_and_the_workers_print_here(tmp_path):
+    run_dir = tmp_path / "run"
+    result = finish(launch(sys.executable, "-c", NOISY_LAUNCHER, "--run-dir", str(run_dir)))
+    log = run_dir / "launcher.log"
+    assert f"the launcher's own output goes to {log}" in " ".join(result.stderr.split())
+    assert "worker stdout" in result.stdout and "worker stderr" in result.stderr, explain(result)
+    assert "Traceback" not in result.stderr + result.stdout, explain(result)
+    lines = log.read_text().splitlines()  # the first line is the command
+    assert "Traceback (most recent call last): the launcher's own noise" in lines
+    assert "worker stdout" not in lines and "worker stderr" not in lines
+    assert result.returncode == 1 and f"the launcher's output: {log}" in " ".join(result.stderr.split())
+
+
+def test_into_a_job_output_file_nobody_overwrites_anybody(tmp_path):
+    # SLURM's job.out: launch's stdout and stderr are one file, which the workers reopen to append to.
+    job_out = tmp_path / "job.out"
+    with open(job_out, "w") as handle:
+        subprocess.run([sys.executable, "-m", "bertrain", "launch", sys.executable, "-c", NOISY_LAUNCHER, "--run-dir",
+                        str(tmp_path / "run")], env=pretrain_env(), cwd=ROOT, stdout=handle, stderr=handle,
+                       timeout=WAIT)
+    lines = job_out.read_text().splitlines()
+    assert lines[0].startswith("bertrain launch: the launcher's own output goes to"), lines
+    assert "worker stdout" in lines and "worker stderr" in lines, lines
+    assert lines[-1].startswith("bertrain launch: exit 1:"), lines
+
+
+def test_launch_debug_shows_the_launchers_output_and_writes_no_log(tmp_path):
+    run_dir = tmp_path / "run"
+    result = finish(launch("--debug", sys.executable, "-c", NOISY_LAUNCHER, "--run-dir", str(run_dir)))
+    assert "the launcher's own noise" in result.stderr and "worker stdout" in result.stdout, explain(result)
+    assert not (run_dir / "launcher.log").exists()
 
 
 def test_kill_9_of_launch_stops_the_launcher(tmp_path):
@@ -241,7 +286,8 @@ def tiny_config(tmp_path_factory):
 def test_a_bad_config_under_torchrun_exits_2(tiny_data, tiny_config, tmp_path):
     result = finish(launch(*torchrun("pretrain", "--config", str(tiny_config), "--data", str(tiny_data),
                                      "--run-dir", str(tmp_path / "run"), "--set", "optim.learning_rate=1")))
-    assert "ChildFailedError" in result.stderr  # torchrun itself failed with 1 …
+    assert "ChildFailedError" in (tmp_path / "run" / "launcher.log").read_text()  # torchrun itself failed with 1 …
+    assert "Traceback" not in result.stderr  # (in the launcher's log, not here)
     assert result.returncode == 2, explain(result)  # … the job script sees the workers' 2
     assert "bertrain launch: exit 2: rank(s) 0,1 refused the config" in " ".join(result.stderr.split())
 
@@ -253,11 +299,37 @@ def test_a_preempted_torchrun_run_exits_75_with_its_checkpoint_then_finishes_wit
     # Rank 0 receives SIGTERM during step 2; both ranks save step 2 and exit 75.
     result = finish(launch(*torchrun(*args), env=pretrain_env(BERTRAIN_TEST_SIGNAL_AT_STEP="2")))
     assert result.returncode == 75, explain(result)
-    assert "ChildFailedError" in result.stderr  # what plain torchrun ends with (exit 1)
+    assert "ChildFailedError" in (run_dir / "launcher.log").read_text()  # what plain torchrun ends with (exit 1)
     checkpoint = run_dir / "checkpoints" / "step-00000002"
     assert (checkpoint / "rng-rank00001.json").is_file() and (checkpoint / "model.safetensors").is_file()
     # The requeued job: the same command through the short form finishes the run.
     result = finish(launch("--nproc", "2", *args))
     assert result.returncode == 0, explain(result)
     assert "bertrain launch: exit 0: all 2 worker(s) finished" in result.stderr
+    assert (run_dir / "checkpoints" / "step-00000004" / "rng-rank00001.json").is_file()
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_under_launch_stops_every_rank_after_one_step_with_one_checkpoint(tiny_data, tiny_config, tmp_path):
+    run_dir, marker = tmp_path / "run", tmp_path / "paused"
+    args = ("--nproc", "2", "pretrain", "--config", str(tiny_config), "--data", str(tiny_data), "--run-dir",
+            str(run_dir))
+    # Rank 0 pauses before step 2 until the signal; Ctrl-C reaches `bertrain launch` (the terminal's group).
+    process = launch(*args, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"2:{marker}"))
+    try:
+        wait_for(marker)
+        process.send_signal(signal.SIGINT)
+        result = finish(process)
+    finally:
+        process.kill()
+    assert result.returncode == 130, explain(result)
+    text = " ".join(result.stderr.split())
+    assert "Stopped by Ctrl-C after step 2; checkpoint saved" in text and "the same command resumes" in text
+    assert "bertrain launch: exit 130: rank(s) 0,1 stopped by Ctrl-C" in text
+    assert "Traceback" not in result.stderr, explain(result)
+    assert "SignalException" in (run_dir / "launcher.log").read_text()  # the launcher's traceback, kept there
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000002"]  # one, of both ranks
+    assert (run_dir / "checkpoints" / "step-00000002" / "rng-rank00001.json").is_file()
+    result = finish(launch(*args))
+    assert result.returncode == 0, explain(result)
     assert (run_dir / "checkpoints" / "step-00000004" / "rng-rank00001.json").is_file()

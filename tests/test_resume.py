@@ -12,6 +12,7 @@ KERNELS.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -154,6 +155,74 @@ def test_sigterm_during_startup_imports_is_caught_and_resumes_exactly(workdir, c
     assert max(train_losses(run_dir)) == 1  # the first step finished, then the run stopped
     resume(config, data, run_dir)
     assert_resumed_exactly(run_dir, reference, start=1)
+
+
+def start_in_a_terminal_group(config, data, run_dir, pause_at: int, marker: Path, **env: str) -> subprocess.Popen:
+    """`bertrain pretrain` with 2 loader workers in a process group of its own, as a shell starts it in a terminal
+    (Ctrl-C reaches the whole group, workers included); it pauses before step `pause_at` until signalled."""
+    command = [sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data", str(data),
+               "--run-dir", str(run_dir), "--set", "data.num_workers=2"]
+    return subprocess.Popen(command, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"{pause_at}:{marker}", **env),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+    """Block until `path` exists (the run reached its pause), or fail when the process ends or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"the run ended (exit {process.returncode}): {process.communicate()}"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_finishes_the_step_saves_exits_130_and_resumes_exactly(workdir, config, data, reference):
+    run_dir, marker, stop = workdir / "ctrl_c", workdir / "ctrl_c.paused", N - 1  # not a save_every step
+    process = start_in_a_terminal_group(config, data, run_dir, stop, marker)
+    wait_for_file(marker, process)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the training process and its workers
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 130, f"{out}\n{err}"
+    text = " ".join(err.split())
+    assert f"Stopped by Ctrl-C after step {stop}; checkpoint saved" in text and "the same command resumes" in text
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err + out, err  # nor from the loader workers
+    assert "stopped by Ctrl-C" in out  # the summary table's result
+    assert max(train_losses(run_dir)) == stop
+    assert (run_dir / "checkpoints" / f"step-{stop:08d}" / "COMPLETE").is_file()
+    resume(config, data, run_dir, "--set", "data.num_workers=2")
+    assert_resumed_exactly(run_dir, reference, start=stop)
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_traceback(workdir, config, data):
+    run_dir, marker = workdir / "ctrl_c_twice", workdir / "ctrl_c_twice.paused"
+    # Step 1 then sleeps 600 s before its checkpoint: only the second Ctrl-C can end the run before that.
+    process = start_in_a_terminal_group(config, data, run_dir, 1, marker, BERTRAIN_TEST_STEP_DELAY="600")
+    wait_for_file(marker, process)
+    os.killpg(process.pid, signal.SIGINT)
+    first_lines = []
+    while not any("Ctrl-C: finishing the current step" in line for line in first_lines):  # the first was handled
+        first_lines.append(process.stderr.readline())
+        assert first_lines[-1], f"the run ended before saying it got the first Ctrl-C: {first_lines}"
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+    err = "".join(first_lines) + err
+    assert process.returncode == 130, f"{out}\n{err}"
+    assert "Stopped at once by a second Ctrl-C" in " ".join(err.split())
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err + out, err
+    assert not (run_dir / "checkpoints" / f"step-{1:08d}").exists()
+
+
+def test_ctrl_c_before_the_first_step_stops_at_once(workdir, config, data):
+    run_dir = workdir / "ctrl_c_setup"
+    process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
+                                str(data), "--run-dir", str(run_dir)], env=pretrain_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until_handling(process, signal.SIGTERM)  # bertrain's first act: the CLI runs, imports and setup follow
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 130, f"{out}\n{err}"
+    assert "Interrupted." in err and "Traceback" not in err, err
+    assert not (run_dir / "checkpoints").exists()  # nothing trained, nothing saved
 
 
 # ---------------------------------------------------------------------------------------------

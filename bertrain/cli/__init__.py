@@ -24,11 +24,14 @@ def _command_modules() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75)."""
+    """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75/130)."""
     _install_early_signal_handlers()
     import typer
 
     from bertrain.cli.app import app, print_config_warnings
+    from bertrain.cli.launch_commands import print_to_launch_output
+
+    print_to_launch_output()  # in a worker of `bertrain launch`: print where it prints
 
     _command_modules()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -79,7 +82,11 @@ def exit_code_for(error: BaseException, debug: bool) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while the CLI itself loads, before main() handles errors
+        print("Interrupted.", file=sys.stderr)
+        code = 130
     from bertrain.exit_status import record_exit
 
     record_exit(code)  # under `bertrain launch`: its exit code is combined from every worker's

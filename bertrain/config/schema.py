@@ -153,7 +153,8 @@ class TrainConfig:
     eval_every: int = opt(1000, "Evaluate on the validation split every N steps (0: never).")
     log_every: int = opt(10, "Log metrics every N steps.")
     max_bad_steps: int = opt(10, "Stop after this many non-finite losses in a row (such steps are skipped).")
-    requeue_exit_code: int = opt(75, "Exit code after a signal-triggered checkpoint, for job scripts to requeue.")
+    requeue_exit_code: int = opt(75, "Exit code after a SIGTERM/SIGUSR1-triggered checkpoint, for job scripts to "
+                                 "requeue (after Ctrl-C: 130).")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (exact resume tests use it).")
     compile: bool = opt(False, "torch.compile the model (slow start, faster steps on GPU).")
     stop_at_step: Optional[int] = opt(

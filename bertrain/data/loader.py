@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -183,7 +184,13 @@ def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory:
 
     # batch_size=None: each item already is a micro-batch; the sampler is just the keys.
     yield from DataLoader(dataset, batch_size=None, sampler=keys, num_workers=num_workers, persistent_workers=True,
-                          pin_memory=pin_memory, prefetch_factor=4)
+                          pin_memory=pin_memory, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
+
+
+def ignore_ctrl_c(worker_id: int = 0) -> None:
+    """In a loader worker: a Ctrl-C reaches the terminal's whole process group, workers included; the training
+    process finishes its step and saves, and needs its workers alive (and silent) until then."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def worker_count(setting: int | str, device_type: str) -> int:

@@ -209,7 +209,7 @@ def choose_checkpoint(resume: str, run_dir: Path, trust: bool, console) -> Path 
     and what `restart` moved. Refuses a RUN_DIR whose checkpoints are all invalid, and an older-format (pickle)
     checkpoint unless `trust`."""
     if resume == "never":
-        if run_dir.exists() and any(p.name != rundir.LOCK for p in run_dir.iterdir()):
+        if run_dir.exists() and any(p.name not in (rundir.LOCK, rundir.LAUNCHER_LOG) for p in run_dir.iterdir()):
             raise UsageError(f"--resume never: RUN_DIR '{run_dir}' is not empty. Use --resume auto to "
                              f"continue that run, or pick another --run-dir.")
         return None

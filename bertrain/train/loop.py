@@ -18,7 +18,7 @@ from rich.console import Console
 from bertrain import rundir
 from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
 from bertrain.console import human_seconds, make_console
-from bertrain.errors import DataError, Interrupted
+from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted
 from bertrain.model import build_model
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
@@ -32,7 +32,7 @@ from bertrain.train.precision import local_device_type
 from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
-from bertrain.train.signals import install_handlers, received_signal_name, stop_at_once
+from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
 from bertrain.train.step import NonFiniteWatch, StepResult, optimizer_step, train_step
 from bertrain.train.stream import TrainStream
 
@@ -205,8 +205,9 @@ class Trainer:
                 f"{parts.micro_batch_size} sequences per micro-batch x {train.gradient_accumulation_steps} "
                 f"accumulation, global batch {train.batch_size}, device {accelerator.device}.")
         try:
-            while not self._done(state) and not self._one_step(parts, session):
-                pass
+            with ctrl_c_saves():
+                while not self._done(state) and not self._one_step(parts, session):
+                    pass
             saved_step = rundir.step_of(session.last_checkpoint) if session.last_checkpoint else None
             if self._done(state) and state.step > session.start_step and saved_step != state.step \
                     and not state.bad_steps:
@@ -222,13 +223,21 @@ class Trainer:
             self._report(parts)
         accelerator.end_training()
         if session.exit_code:
-            raise Interrupted(f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. "
-                              f"Exit code {session.exit_code}: requeue the job (or run the same command) to resume.",
-                              session.exit_code)
+            raise Interrupted(self._stop_message(state, session), session.exit_code)
         if accelerator.is_main_process and session.last_checkpoint:
             command = shlex.join(["bertrain", "export", str(self.run_dir), f"exported/{self.run_dir.name}", "--verify"])
             self.console.print(f"Next: {command}  (a transformers model directory)", highlight=False, soft_wrap=True)
         return 0
+
+    def _stop_message(self, state: TrainState, session: Session) -> str:
+        """What a signal-stopped run says last: the step, the checkpoint, and how to resume."""
+        if session.exit_code != EXIT_CTRL_C:
+            return (f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. Exit code "
+                    f"{session.exit_code}: requeue the job (or run the same command) to resume.")
+        last = session.last_checkpoint
+        saved = f"checkpoint saved ({last})" if last and rundir.step_of(last) == state.step else \
+            f"step {state.step} was not finite and not saved; newest checkpoint {last or 'none from this session'}"
+        return f"Stopped by Ctrl-C after step {state.step}; {saved}; the same command resumes. Exit code {EXIT_CTRL_C}."
 
     def _one_step(self, parts: Parts, session: Session) -> bool:
         """One optimizer step (or a skipped one) and what follows it; True when the run must stop here."""
@@ -236,6 +245,7 @@ class Trainer:
         batches = [parts.stream.next() for _ in range(self.config.train.gradient_accumulation_steps)]
         lr = parts.scheduler.get_last_lr()[0]
         fault_hooks.fire("SIGNAL_AT_STEP", state.step + 1)
+        fault_hooks.fire("PAUSE_AT_STEP", state.step + 1)
         metrics = train_step(parts.model, accelerator, batches, self.config.optim.max_grad_norm)
         state.epoch, state.micro_batch = parts.stream.epoch, parts.stream.micro_batch
         state.tokens_seen += metrics.tokens  # host ints: the step reads nothing from the device
@@ -305,9 +315,10 @@ class Trainer:
         if evaluate_now:
             self._report(parts)  # after the save, so that its mark is on the page
             session.window_time = time.time()  # writing the page is not training time
-        if metrics.stop:
-            session.exit_code = train.requeue_exit_code
-            session.stop_reason = f"stopped by {received_signal_name() or 'a signal on another rank'}"
+        if metrics.stop:  # Ctrl-C (on any rank, and no preemption signal on any): 130, the same on every rank
+            session.exit_code = train.requeue_exit_code if metrics.requeue else EXIT_CTRL_C
+            session.stop_reason = "stopped by Ctrl-C" if not metrics.requeue else \
+                f"stopped by {received_signal_name() or 'a signal on another rank'}"
             return True
         if stop_here:
             session.stop_reason = f"stopped at train.stop_at_step={train.stop_at_step}"

@@ -1,5 +1,6 @@
-"""SIGTERM / SIGUSR1 → finish the step, save, exit 75 (stdlib only: imported before torch). A second signal
-exits at once with 128 + signal number; repeats within DUPLICATE_WINDOW (SLURM plus the launcher) count once."""
+"""Stop signals (stdlib only: imported before torch). SIGTERM / SIGUSR1 → finish the step, save, exit 75; Ctrl-C
+(SIGINT) in the training loop → the same, exit 130. A second signal exits at once with 128 + signal number: a second
+Ctrl-C always, other repeats only after DUPLICATE_WINDOW (SLURM and the launcher each send one SIGTERM)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import time
 from typing import Iterator
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption: the job script requeues (exit 75)
 AT_ONCE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 DUPLICATE_WINDOW = 3.0
 
@@ -20,25 +21,36 @@ _installed = False
 _at_once: list[str] = []  # non-empty: what is running (e.g. "pretrain --dry-run"), ended by the first signal
 
 
-def _exit_now(signum: int) -> None:
-    """Flush what was printed, say why, and exit with 128 + signum (no cleanup: nothing to save)."""
+def _say(text: str) -> None:
+    """Write `text` to stderr from a signal handler (rank 0 only: every rank of a launch gets the signal)."""
+    if os.environ.get("RANK", "0") == "0":
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode())
+
+
+def _exit_now(signum: int, why: str) -> None:
+    """Flush what was printed, say why, and exit with 128 + signum (no cleanup, no traceback)."""
     with contextlib.suppress(Exception):  # a flush interrupted mid-write may refuse a reentrant call
         sys.stdout.flush()
-    name = signal.Signals(signum).name
-    with contextlib.suppress(OSError):
-        os.write(2, f"\n{_at_once[-1]} stopped by {name}; exit code {128 + signum}.\n".encode())
+    _say(f"\n{why}; exit code {128 + signum}.\n")
     os._exit(128 + signum)
 
 
 def _handle(signum: int, frame: object) -> None:
     if _at_once:
-        _exit_now(signum)
+        _exit_now(signum, f"{_at_once[-1]} stopped by {signal.Signals(signum).name}")
     now = time.monotonic()
-    if _received and now - _first_time[0] > DUPLICATE_WINDOW:
-        os._exit(128 + signum)
-    if not _received:
-        _first_time.append(now)
+    if _received:
+        if signum == signal.SIGINT and _received[0] == signal.SIGINT:  # launchers pass Ctrl-C on once: a person
+            _exit_now(signum, "Stopped at once by a second Ctrl-C: no checkpoint of the current step (the same "
+                              "command resumes from the newest one)")
+        if now - _first_time[0] > DUPLICATE_WINDOW:
+            os._exit(128 + signum)
+        return
+    _first_time.append(now)
     _received.append(signum)
+    if signum == signal.SIGINT:
+        _say("\nCtrl-C: finishing the current step, then saving a checkpoint (Ctrl-C again stops at once).\n")
 
 
 def install_handlers() -> None:
@@ -66,7 +78,7 @@ def stop_at_once(what: str) -> Iterator[None]:
         for sig in AT_ONCE_SIGNALS:
             signal.signal(sig, _handle)
         if _received:
-            _exit_now(_received[0])
+            _exit_now(_received[0], f"{what} stopped by {signal.Signals(_received[0]).name}")
         yield
     finally:
         _at_once.pop()
@@ -75,11 +87,31 @@ def stop_at_once(what: str) -> Iterator[None]:
             signal.signal(sig, _handle if keep else handler if handler is not None else signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def ctrl_c_saves() -> Iterator[None]:
+    """Within the block (the training loop) Ctrl-C is a stop signal: the step finishes and is saved, exit 130.
+    Outside, it raises KeyboardInterrupt as usual: before the first step there is nothing to save, and a caller
+    in the same process (a notebook, tests) gets its Ctrl-C back afterwards."""
+    previous = signal.signal(signal.SIGINT, _handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        if _received and _received[0] == signal.SIGINT:  # handled: a later run in this process starts afresh
+            _received.clear()
+            _first_time.clear()
+
+
 def stop_requested() -> bool:
     """True once a stop signal has arrived."""
     return bool(_received)
 
 
+def requeue_requested() -> bool:
+    """True once SIGTERM or SIGUSR1 has arrived (a preemption: exit 75), not only a Ctrl-C."""
+    return any(signum in STOP_SIGNALS for signum in _received)
+
+
 def received_signal_name() -> str | None:
-    """Name of the first signal received (SIGTERM / SIGUSR1), or None."""
+    """Name of the first signal received (SIGTERM / SIGUSR1 / SIGINT), or None."""
     return signal.Signals(_received[0]).name if _received else None

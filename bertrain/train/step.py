@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from bertrain.batch_layout import map_tensors
-from bertrain.train.signals import stop_requested
+from bertrain.train.signals import requeue_requested, stop_requested
 
 _host_group = None
 
@@ -44,7 +44,8 @@ class StepResult:
     predicted: int
     labelled: int
     has_sentence: bool
-    stop: bool
+    stop: bool               # a stop signal reached some rank: every rank saves after this step
+    requeue: bool            # … and on some rank it was SIGTERM/SIGUSR1 (exit 75), not only Ctrl-C (exit 130)
     sums: torch.Tensor       # [4] float64, this rank: MLM loss sum, MLM correct, sentence loss sum, correct
     grad_norm: torch.Tensor  # global, after DDP's all-reduce
     finite: torch.Tensor     # bool, the same on every rank: loss and gradient norm finite
@@ -103,8 +104,9 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
         bad = (~finite).to(torch.int32)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         finite = bad == 0
-    (stops,) = host_sum(accelerator, [1 if stop_requested() else 0])
-    return StepResult(tokens, instances, predicted, labelled, has_sentence, stops > 0, sums, grad_norm, finite)
+    stops, requeues = host_sum(accelerator, [int(stop_requested()), int(requeue_requested())])
+    return StepResult(tokens, instances, predicted, labelled, has_sentence, stops > 0, requeues > 0, sums, grad_norm,
+                      finite)
 
 
 def optimizer_step(optimizer, finite: torch.Tensor, scaler) -> bool:

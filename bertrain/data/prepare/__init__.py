@@ -24,7 +24,7 @@ from bertrain.data.prepare.tokenizer_stage import build_tokenizer
 from bertrain.data.prepare.workdir import (STAGE_VERSION, WORK, check_out_dir, clear, documents_settings, locked,
                                            read_json, settings_hash, shard_name, tokenizer_settings, write_json)
 from bertrain.data.tokenizer import tokenizer_facts
-from bertrain.errors import DataError, UsageError
+from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted, UsageError
 from bertrain.files import file_sha256
 from bertrain.special_tokens import SPECIAL_IDS
 from bertrain.tokenizer_file import load_tokenizer, tokenizer_file
@@ -191,6 +191,15 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
     return manifest, []
 
 
+def _interrupted(plan: _Plan, documents: Optional[dict[str, Any]]) -> str:
+    """The one line a Ctrl-C ends prepare with: how far it got, and that the same command resumes."""
+    if documents is None:
+        return "prepare interrupted before tokenizing the shards; run the same command again to resume."
+    shards = pending_shards(plan.out, documents, plan.key, plan.only)
+    total = len(plan.only) if plan.only is not None else sum(len(documents["shards"][split]) for split in SPLITS)
+    return f"prepare interrupted; {total - len(shards)} of {total} shards done; run the same command again to resume."
+
+
 def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional[int] = None,
                    console: Any = None) -> dict[str, Any]:
     """Prepare DATA_DIR from a recipe; the manifest, or `complete: False` while job-array siblings run."""
@@ -209,12 +218,16 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional
         return manifest
     pool = Workers(config.workers)
     timings: dict[str, float] = {}
+    documents = None
     try:
         documents, tokenizer_record = _stages_1_2(plan, pool, console, timings)
         facts = _facts(out, tokenizer_record, console)
         tick = time.perf_counter()
         build_shards(out, documents, facts, plan.key, plan.only, pool, console)
         timings["tokenize"] = time.perf_counter() - tick
+    except KeyboardInterrupt:
+        pool.close(interrupted=True)
+        raise Interrupted(_interrupted(plan, documents), EXIT_CTRL_C) from None
     finally:
         pool.close()
     with locked(out):

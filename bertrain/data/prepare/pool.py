@@ -1,10 +1,12 @@
-"""The prepare stages' worker pool: spawn processes started on first use, and their progress queue."""
+"""The prepare stages' worker pool: spawn processes started on first use, and their progress queue. Workers ignore
+Ctrl-C (it reaches the terminal's whole process group): the main process handles it and stops them."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -16,6 +18,12 @@ def _init_worker(queue: Any) -> None:
     global _progress_queue
     _progress_queue = queue
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; parallelism is the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # then let it in: a Ctrl-C since the start is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _started() -> None:
+    """A task that does nothing: submitting one per worker starts them all."""
 
 
 def report_progress(amount: int) -> None:
@@ -54,6 +62,14 @@ class Workers:
             self.queue = context.Queue()
             self.executor = ProcessPoolExecutor(self.count, mp_context=context, initializer=_init_worker,
                                                 initargs=(self.queue,))
+            # Each submit may start a worker; started now with SIGINT blocked, each inherits the block and keeps
+            # it until _init_worker ignores SIGINT, so a Ctrl-C while a worker starts prints no traceback.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                for _ in range(self.count):
+                    self.executor.submit(_started)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def drain(self) -> int:
         """The progress the workers reported since the last drain."""
@@ -66,7 +82,12 @@ class Workers:
                     return total
         return total
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
+        """Wait for the running tasks, or after a Ctrl-C (`interrupted`) end them: their outputs are written
+        atomically, so a rerun redoes what they had begun."""
         if self.executor is not None:
+            if interrupted:
+                for process in multiprocessing.active_children():  # in prepare, only this pool's workers
+                    process.terminate()
             self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor = None
