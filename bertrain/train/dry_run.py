@@ -86,7 +86,7 @@ def repetition_warning(config: Config, epoch_length: int, total_steps: int) -> s
     budget = (f"train.max_steps={math.ceil(MAX_EPOCHS_UNREMARKED * steps_per_epoch)}" if max_tokens is None else
               f"train.max_tokens={math.ceil(max_tokens * MAX_EPOCHS_UNREMARKED / epochs)}")
     return (f"the plan repeats the training data {epochs:,.0f} times ({total_steps:,} steps, {steps_per_epoch:,.1f} "
-            f"per epoch); more than {MAX_EPOCHS_UNREMARKED} epochs add little and overfit a small corpus. Add data "
+            f"per epoch): repeated data teaches less than new data, and a model can overfit a small corpus. Add data "
             f"(more documents or sources in `bertrain prepare`), or train fewer steps: --set {budget} is "
             f"{MAX_EPOCHS_UNREMARKED} epochs.")
 
