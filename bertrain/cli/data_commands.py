@@ -78,7 +78,7 @@ def prepare(
 
     Re-running a finished DATA_DIR does nothing; an interrupted one resumes; changed settings rebuild what they affect.
 
-    Each --source keeps the settings of the recipe's source of its format; change one by its index, e.g. records grouped into documents by chapter: --set prepare.sources.0.group_by=chapter.
+    Each --source keeps the settings of the recipe's source of its format; set one: --set prepare.sources.0.KEY=VALUE.
 
     Example: bertrain prepare --recipe pydoc --out data/pydoc --vocab-size 8000
     """
@@ -87,8 +87,9 @@ def prepare(
     from bertrain.special_tokens import MODEL_OF_KIND
 
     loaded = load_recipe(recipe, _overrides(
-        recipe, overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size, tokenizer__path=tokenizer,
-        prepare__num_shards=num_shards, prepare__workers=workers, prepare__validation_fraction=validation_fraction))
+        recipe, overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size,
+        tokenizer__path=tokenizer, prepare__num_shards=num_shards, prepare__workers=workers,
+        prepare__validation_fraction=validation_fraction))
     result = prepare_corpus(loaded, out, shard_index=shard_index, console=console)
     if result.get("complete", True):
         kind = result["tokenizer"]["kind"]

@@ -18,8 +18,8 @@ from rich.console import Console
 from bertrain import rundir
 from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
 from bertrain.console import human_seconds, make_console
-from bertrain.errors import DataError, Interrupted
 from bertrain.data.loader import EmptyEpochError
+from bertrain.errors import DataError, Interrupted
 from bertrain.model import build_model
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
