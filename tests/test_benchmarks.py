@@ -47,3 +47,17 @@ def test_model_step_finishes_without_native_bf16():
     out = run("model_step.py", "--shapes", "tiny", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("tiny ")]
     assert len(rows) == 1 and " fp32 " in rows[0] and all(value > 0 for value in numbers(rows[0])[1:])
+
+
+def test_unigram_vs_sentencepiece_runs_on_any_text_file(tmp_path):
+    pytest.importorskip("sentencepiece")
+    from bertrain.data.sources.pydoc import pydoc_paragraphs
+
+    text = tmp_path / "any.txt"
+    text.write_text("\n".join(pydoc_paragraphs()[:1500]), encoding="utf-8")
+    out = run("unigram_vs_sentencepiece.py", str(text), "--vocab-size", "800", "--top", "100", "--words", "from,if")
+    rows = {line[:32].strip(): line[32:].split() for line in out.splitlines() if line.startswith(("tokens", "top"))}
+    ours, theirs = (float(value) for value in rows["tokens per word"])
+    assert 1.0 < ours < 3.0 and 1.0 < theirs < 3.0
+    assert all(0 < float(value.rstrip("%")) <= 100 for value in rows["top 100 words as one token"])
+    assert "from" in out and "bertrain: ▁" in out and "sentencepiece: ▁" in out

@@ -299,3 +299,55 @@ def test_mixed_precision_auto_is_the_default_and_tf32_is_on():
     reference = config_reference_markdown()
     for key in ("train.mixed_precision", "train.tf32"):
         assert f"`{key}`" in reference and config_help(key) in reference
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 26.6: list entries by index in --set; sources readable in `config show --explain`
+# ----------------------------------------------------------------------------------------------
+
+
+def test_set_names_a_list_entry_by_its_index(tmp_path):
+    path = write(tmp_path, """
+        prepare:
+          sources:
+            - {path: a.txt, text_layout: paragraphs}
+            - {path: verses.jsonl}
+    """)
+    recipe = load_recipe(path, ["prepare.sources.1.group_by=[book, chapter]", "prepare.sources[1].text_field=body"])
+    first, second = recipe.prepare.sources
+    assert (second.group_by, second.text_field, second.path) == (["book", "chapter"], "body", "verses.jsonl")
+    assert (first.path, first.text_layout, first.group_by) == ("a.txt", "paragraphs", None)  # untouched
+    assert load_config(None, ["optim.betas.1=0.98"]).optim.betas == [0.9, 0.98]  # from the default list
+
+
+@pytest.mark.parametrize("override,message", [
+    ("prepare.sources.2.group_by=x", r"'prepare\.sources' has 2 entries \(indexes 0 to 1\), so index 2 is out"),
+    ("prepare.sources.group_by=x", r"'prepare\.sources' is a list \(indexes 0 to 1\): name an entry by its index, "
+                                   r"e\.g\. prepare\.sources\.0\.group_by="),
+    ("prepare.sources.0.groupby=x", r"Unknown config key 'prepare\.sources\.0\.groupby'.*"
+                                    r"Did you mean 'prepare\.sources\.0\.group_by'"),
+    ("prepare.group_by=x", r"Did you mean 'prepare\.sources\.0\.group_by'"),
+    ("prepare.sources.0.path.x=1", r"'prepare\.sources\.0\.path' is a value, not a section"),
+])
+def test_bad_indexed_keys_name_the_valid_range_or_key(tmp_path, override, message):
+    path = write(tmp_path, "prepare:\n  sources:\n    - {path: a.jsonl}\n    - {path: b.jsonl}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(path, [override])
+
+
+def test_an_empty_list_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"'prepare\.sources' has 0 entries \(it is empty\), so index 0 is out "
+                                          r"of range.*--set 'prepare\.sources=\[\.\.\.\]'"):
+        load_recipe(None, ["prepare.sources.0.group_by=title"])
+
+
+def test_explain_shows_each_source_key_by_its_set_name(run_cli, tmp_path):
+    path = write(tmp_path, "prepare:\n  sources:\n    - {path: a.txt}\n    - {path: b.jsonl, group_by: [book, ch]}\n")
+    code, out, err = run_cli("config", "show", str(path), "--explain")
+    assert code == 0, err
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["prepare.sources.0.path"] == "'a.txt'" and rows["prepare.sources.1.path"] == "'b.jsonl'"
+    assert rows["prepare.sources.1.group_by"] == "['book', 'ch']" and rows["prepare.sources.0.group_by"] == "None"
+    assert "SourceConfig(" not in out
+    assert "[book,chapter]" in squeezed(out)  # the help's example, not swallowed as console markup

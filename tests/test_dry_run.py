@@ -137,3 +137,58 @@ def _albert_base_model(data):
     model = load_config("albert_base").model
     model.vocab_size = open_prepared(data).vocab_size
     return model
+
+
+# Issue 26.7: a corpus smaller than one batch, and a plan that repeats the data too often
+
+
+def test_a_corpus_smaller_than_one_batch_gets_the_plan_then_the_problem(run_cli, tiny_data, tmp_path, monkeypatch,
+                                                                       fresh_accelerate):
+    from bertrain.data.loader import epoch_plan
+    from bertrain.data.format import open_prepared
+    from bertrain.config import load_config
+
+    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: pytest.fail("measured without a batch"))
+    config = write_config(tmp_path / "tiny.yaml", train={"batch_size": 100_000})
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                             str(tmp_path / "R"), "--dry-run")
+    instances = len(epoch_plan(open_prepared(tiny_data), load_config(config).data, seed=42, epoch=0))
+    assert code == 1  # as without --dry-run: a data error
+    text = " ".join(out.replace("│", " ").split())
+    assert "parameters" in text and "steps per epoch 0 (less data than one micro-batch)" in text
+    assert "sequences per step 100,000 x 64 tokens" in text and "epochs -" in text
+    assert f"no complete micro-batch of 100000 x 1 instances (it has {instances})" in " ".join(err.split())
+    assert not (tmp_path / "R").exists()
+
+
+def test_a_plan_that_repeats_the_data_over_100_times_is_warned_about(run_cli, tiny_data, tmp_path, monkeypatch,
+                                                                      fresh_accelerate):
+    monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: 1e9)  # no measurement: the figures only
+    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: 0.1)
+
+    def figures(max_steps):
+        config = write_config(tmp_path / "tiny.yaml", train={"max_steps": max_steps})
+        code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                                 str(tmp_path / "R"), "--dry-run")
+        assert code == 0, err
+        text = " ".join(out.replace("│", " ").split())
+        steps_per_epoch = float(text.split("steps per epoch ")[1].split()[0].replace(",", ""))
+        return text, steps_per_epoch
+
+    _, steps_per_epoch = figures(10)
+    hundred = int(100 * steps_per_epoch)
+    text, _ = figures(hundred)  # exactly 100 epochs: no warning
+    assert "Warning" not in text
+    text, _ = figures(hundred * 30)
+    assert f"Warning: the plan repeats the training data {hundred * 30 / steps_per_epoch:,.0f} times" in text
+    assert f"--set train.max_steps={hundred} is 100 epochs" in text and "Add data" in text
+
+
+def test_pretrain_warns_at_start_when_the_plan_repeats_the_data(run_cli, tiny_data, tmp_path, fresh_accelerate):
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 100_000, "stop_at_step": 1,
+                                                         "save_every": 1, "eval_every": 0})
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                             str(tmp_path / "R"))
+    assert code == 0, err
+    text = " ".join((out + err).split())
+    assert "Warning: the plan repeats the training data" in text and "(100,000 steps" in text

@@ -177,3 +177,49 @@ def test_pydoc_recipe_runs_as_shipped_in_an_empty_directory(tmp_path, run_cli, m
                            "--tokenizer", str(tmp_path / "D" / "tokenizer"))
     assert code == 0, err
     assert sorted(stored_documents(tmp_path / "D")) == sorted(stored_documents(tmp_path / "F"))
+
+
+# Issue 26.6: --source keeps the settings of the recipe's source of the same format
+
+
+def test_a_source_takes_the_settings_of_the_recipe_source_of_its_format(tmp_path):
+    from bertrain.data.sources.lookup import sources_for_paths
+
+    (tmp_path / "corpus").mkdir()
+    recipe = [SourceConfig(path="web/*.jsonl.zst", text_field="content", group_by=["url"], max_documents=5),
+              SourceConfig(path="books/", format="text", text_layout="sentence_per_line"),
+              SourceConfig(path="wikimedia/wikipedia", format="hub", name="20231101.en")]
+    entries = dict((entry["path"], (entry, followed)) for entry, followed in sources_for_paths(
+        ["a.txt.gz", "b.jsonl", str(tmp_path / "corpus"), "c.parquet"], recipe))
+    text, followed = entries["a.txt.gz"]
+    assert followed == "books/" and text["text_layout"] == "sentence_per_line" and "format" not in text
+    records, followed = entries["b.jsonl"]
+    assert followed == "web/*.jsonl.zst"
+    assert (records["text_field"], records["group_by"], records["max_documents"]) == ("content", ["url"], 5)
+    directory, followed = entries[str(tmp_path / "corpus")]  # says no format: the first source of local files
+    assert followed == "web/*.jsonl.zst" and directory["group_by"] == ["url"] and "format" not in directory
+    assert entries["c.parquet"] == ({"path": "c.parquet"}, None)  # no parquet source: the defaults
+    hub_only = sources_for_paths(["x.jsonl", str(tmp_path / "corpus")], [recipe[2]])
+    assert [entry for entry, _ in hub_only] == [{"path": "x.jsonl"}, {"path": str(tmp_path / "corpus")}]
+
+
+def test_cli_source_keeps_group_by_and_set_changes_it_by_index(tmp_path, run_cli, pydoc_text):
+    records = verses(pydoc_text)
+    path = tmp_path / "bible.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("prepare:\n  sources:\n    - {path: elsewhere/*.jsonl, group_by: [book, meta.chapter]}\n"
+                      "  num_shards: 1\n  workers: 1\n  validation_fraction: 0\n"
+                      "tokenizer:\n  kind: wordpiece\n  vocab_size: 400\n")
+    code, out, err = run_cli("prepare", "--recipe", str(recipe), "--source", str(path), "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    assert f"--source {path} (prepare.sources.0) keeps the settings of the recipe's source elsewhere/*.jsonl: " \
+           f'group_by: ["book", "meta.chapter"]' in " ".join(out.split())
+    assert open_prepared(tmp_path / "a").manifest["counts"]["documents_read"] == len(BOOKS) * 6  # one per chapter
+    code, out, err = run_cli("prepare", "--recipe", str(recipe), "--source", str(path), "--out", str(tmp_path / "b"),
+                             "--set", "prepare.sources.0.group_by=book")
+    assert code == 0, err
+    assert open_prepared(tmp_path / "b").manifest["counts"]["documents_read"] == len(BOOKS)  # one per book
+    code, _, err = run_cli("prepare", "--recipe", str(recipe), "--source", str(path), "--out", str(tmp_path / "c"),
+                           "--set", "prepare.sources.1.group_by=book")
+    assert code == 2 and "'prepare.sources' has 1 entry (indexes 0 to 0), so index 1 is out of range" in err

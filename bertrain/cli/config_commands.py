@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from bertrain.cli.app import SetOption, app, console
 
@@ -40,7 +41,7 @@ def show(
     table.add_column("value", style="green", overflow="fold")
     table.add_column("meaning", overflow="fold")  # wrapped at word boundaries, never cut with an ellipsis
     for key, value, help_text in explain_lines(resolved):
-        table.add_row(key, repr(value) if isinstance(value, str) else str(value), help_text)
+        table.add_row(key, Text(repr(value) if isinstance(value, str) else str(value)), Text(help_text))
     console.print(table)
 
 

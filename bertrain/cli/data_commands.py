@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shlex
 from pathlib import Path
 from typing import Optional
@@ -16,23 +18,43 @@ tokenizer_app = typer.Typer(
 app.add_typer(tokenizer_app, name="tokenizer")
 
 RecipeOption = typer.Option(None, "--recipe", "-r", help="Data recipe YAML, or a shipped recipe name (pydoc).")
-SourceOption = typer.Option(None, "--source", metavar="PATH",
-                            help="Input file, directory or glob; replaces the recipe's sources (repeatable).")
+SourceOption = typer.Option(
+    None, "--source", metavar="PATH",
+    help="Input file, directory or glob (repeatable); replaces the recipe's source paths and keeps their settings: "
+         "each --source takes those (text_layout, text_field, group_by, ...) of the recipe's first source of the same "
+         "format (.txt text, .jsonl jsonl, ...; a directory: the first source of local files). Change one with "
+         "--set prepare.sources.0.KEY=VALUE (0 is the first --source).")
 KindOption = typer.Option(None, "--tokenizer-kind", "--kind", help="wordpiece (BERT) or unigram (ALBERT).")
 VocabOption = typer.Option(None, "--vocab-size", help="Tokenizer vocabulary size (tokenizer.vocab_size).")
 
 
-def _overrides(sets: Optional[list[str]], sources: Optional[list[str]], **keys: object) -> list[str]:
+def _overrides(recipe: Optional[str], sets: Optional[list[str]], sources: Optional[list[str]],
+               **keys: object) -> list[str]:
     """Turn flags into `section.key=value` overrides (flags win over the recipe, --set wins over flags)."""
-    import json
-
     overrides = []
     if sources:
-        overrides.append("prepare.sources=" + json.dumps([{"path": s} for s in sources]))
+        overrides.append("prepare.sources=" + json.dumps(_sources_with_recipe_settings(recipe, sources)))
     for dotted, value in keys.items():
         if value is not None:
             overrides.append(f"{dotted.replace('__', '.')}={json.dumps(value)}")
     return overrides + list(sets or [])
+
+
+def _sources_with_recipe_settings(recipe: Optional[str], paths: list[str]) -> list[dict]:
+    """--source paths as source mappings with the settings of the recipe source each follows, said on the console
+    where a setting differs from its default."""
+    from bertrain.config import SourceConfig, load_recipe
+    from bertrain.data.sources.lookup import sources_for_paths
+
+    defaults = dataclasses.asdict(SourceConfig())
+    entries = sources_for_paths(paths, load_recipe(recipe).prepare.sources if recipe else [])
+    for index, (entry, followed) in enumerate(entries):
+        kept = {k: v for k, v in entry.items() if k not in ("path", "format") and v != defaults[k]}
+        if followed is not None and kept:
+            settings = ", ".join(f"{k}: {json.dumps(v)}" for k, v in kept.items())
+            console.print(f"--source {entry['path']} (prepare.sources.{index}) keeps the settings of the recipe's "
+                          f"source {followed}: {settings}", highlight=False, markup=False, soft_wrap=True)
+    return [entry for entry, _ in entries]
 
 
 @app.command("prepare")
@@ -56,6 +78,8 @@ def prepare(
 
     Re-running a finished DATA_DIR does nothing; an interrupted one resumes; changed settings rebuild what they affect.
 
+    Each --source keeps the settings of the recipe's source of its format; set one: --set prepare.sources.0.KEY=VALUE.
+
     Example: bertrain prepare --recipe pydoc --out data/pydoc --vocab-size 8000
     """
     from bertrain.config import load_recipe
@@ -63,8 +87,9 @@ def prepare(
     from bertrain.special_tokens import MODEL_OF_KIND
 
     loaded = load_recipe(recipe, _overrides(
-        overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size, tokenizer__path=tokenizer,
-        prepare__num_shards=num_shards, prepare__workers=workers, prepare__validation_fraction=validation_fraction))
+        recipe, overrides, source, tokenizer__kind=tokenizer_kind, tokenizer__vocab_size=vocab_size,
+        tokenizer__path=tokenizer, prepare__num_shards=num_shards, prepare__workers=workers,
+        prepare__validation_fraction=validation_fraction))
     result = prepare_corpus(loaded, out, shard_index=shard_index, console=console)
     if result.get("complete", True):
         kind = result["tokenizer"]["kind"]
@@ -102,7 +127,8 @@ def tokenizer_train(
     from bertrain.config import load_recipe
     from bertrain.data.tokenizer_recipe import train_tokenizer_from_recipe
 
-    loaded = load_recipe(recipe, _overrides(overrides, source, tokenizer__kind=kind, tokenizer__vocab_size=vocab_size))
+    loaded = load_recipe(recipe, _overrides(recipe, overrides, source, tokenizer__kind=kind,
+                                            tokenizer__vocab_size=vocab_size))
     stats = train_tokenizer_from_recipe(loaded, out, console=console)
     table = Table(title=f"Tokenizer {out}", show_header=False)
     for key, value in stats.items():

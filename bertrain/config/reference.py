@@ -30,7 +30,8 @@ def config_reference_markdown() -> str:
     """The reference of every config and recipe key, generated from the dataclasses."""
     lines = ["# Configuration reference", "",
              "Generated from `bertrain/config/schema.py` by `bertrain config reference`; do not edit by hand.",
-             "Any key can be overridden on the command line: `--set section.key=value`.", ""]
+             "Any key can be overridden on the command line: `--set section.key=value`; an entry of a list by its "
+             "index from 0: `--set prepare.sources.0.group_by=title`.", ""]
     for title, cls in (("Training config (`bertrain pretrain --config`)", Config),
                        ("Data recipe (`bertrain prepare --recipe`)", Recipe),
                        ("Each entry of `prepare.sources`", SourceConfig)):
@@ -52,17 +53,21 @@ def config_reference_markdown() -> str:
 
 
 def explain_lines(config: Any) -> list[tuple[str, Any, str]]:
-    """(dotted key, resolved value, help) for `config show --explain`."""
-    values = {}
+    """(dotted key, resolved value, help) for `config show --explain`; each entry of a list of sections (the
+    recipe's sources) gets its own rows, `prepare.sources.0.path`, ..., as `--set` names them."""
+    rows = []
 
-    def walk(obj: Any, prefix: str) -> None:
+    def walk(obj: Any, prefix: str, first: str | None = None) -> None:
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{f.name}.")
+            elif isinstance(value, list) and value and all(dataclasses.is_dataclass(item) for item in value):
+                for index, item in enumerate(value):  # the help once, on the first entry
+                    walk(item, f"{prefix}{f.name}.{index}.", None if index == 0 else f"{prefix}{f.name}.0.")
             else:
-                values[f"{prefix}{f.name}"] = value
+                rows.append((f"{prefix}{f.name}", value,
+                             f.metadata.get("help", "") if first is None else f"(see {first}{f.name})"))
 
     walk(config, "")
-    docs = {dotted: help_text for dotted, _, _, help_text in iter_docs(type(config))}
-    return [(key, value, docs.get(key, "")) for key, value in values.items()]
+    return rows

@@ -218,7 +218,8 @@ class SourceConfig:
 class PrepareConfig:
     """Reading, cleaning, deduplicating, splitting and sharding the corpus."""
 
-    sources: list[SourceConfig] = opt([], "Inputs, each a `SourceConfig` mapping.")
+    sources: list[SourceConfig] = opt([], "Inputs, each a `SourceConfig` mapping (keys below); "
+                                          "`--set prepare.sources.N.KEY=VALUE` changes entry N (from 0).")
     validation_fraction: float = opt(0.005, "Fraction of documents (by hash) kept for validation.")
     num_shards: int = opt(8, "Output shards (balanced by size).")
     workers: int = opt(2, "Parallel worker processes for tokenizing shards.")

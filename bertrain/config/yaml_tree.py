@@ -178,8 +178,11 @@ def _leaf_keys(cls: type, prefix: str = "") -> typing.Iterator[tuple[str, datacl
     """(dotted key, field) of every value (non-section) key under `cls`."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        item = list_item_type(hints[f.name])
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _leaf_keys(hints[f.name], _join(prefix, f.name))
+        elif dataclasses.is_dataclass(item):  # a list of sections: its keys as the first entry's
+            yield from _leaf_keys(item, _join(prefix, f.name) + ".0")
         else:
             yield _join(prefix, f.name), f
 
@@ -248,26 +251,66 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def list_item_type(tp: Any) -> Any:
+    """X for an annotation `list[X]` or `list[X] | None`, else None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else tp
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+
+
+def _default_data(cls: type, name: str) -> Any:
+    """A field's default as plain data (what the raw mapping would hold)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value] if isinstance(
+        value, list) else value
+
+
+def _list_index(entries: list, part: str, path: str, dotted: str) -> int:
+    """The entry index `part` names in the list at `path`, or a ConfigError giving the valid range."""
+    valid = f"indexes 0 to {len(entries) - 1}" if entries else "it is empty"
+    if not part.isdigit():
+        raise ConfigError(f"--set {dotted}: '{path}' is a list ({valid}): name an entry by its index, "
+                          f"e.g. {path}.0.{part}=...")
+    if int(part) >= len(entries):
+        count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+        raise ConfigError(f"--set {dotted}: '{path}' has {count} ({valid}), so index {part} is out of range. "
+                          f"Add entries in the file, or set the whole list: --set '{path}=[...]'.")
+    return int(part)
+
+
 def set_dotted(tree: dict, dotted: str, value: Any, root_cls: type) -> None:
-    """Apply one `section.key=value` override to a raw mapping, validating the path against `root_cls`."""
-    parts = dotted.split(".")
-    cls, node = root_cls, tree
+    """Apply one `section.key=value` override to a raw mapping, validating the path against `root_cls`.
+    A list entry is named by its index: `prepare.sources.0.group_by` (or `prepare.sources[0].group_by`)."""
+    parts = re.sub(r"\[(\w+)\]", r".\1", dotted).split(".")
+    tp: Any = root_cls
+    node: Any = tree
     for depth, part in enumerate(parts):
-        names = [f.name for f in dataclasses.fields(cls)]
         path = ".".join(parts[: depth + 1])
-        if part not in names:
-            hint = _unknown_key_hint(part, cls, ".".join(parts[:depth]), root_cls)
-            raise ConfigError(f"Unknown config key '{path}' (in --set {dotted}=...).{hint}")
+        if isinstance(node, list):
+            key, sub = _list_index(node, part, ".".join(parts[:depth]), dotted), list_item_type(tp)
+        else:
+            names = [f.name for f in dataclasses.fields(tp)]
+            if part not in names:
+                hint = _unknown_key_hint(part, tp, ".".join(parts[:depth]), root_cls)
+                raise ConfigError(f"Unknown config key '{path}' (in --set {dotted}=...).{hint}")
+            key, sub = part, typing.get_type_hints(tp)[part]
         if depth == len(parts) - 1:
-            node[part] = value
+            node[key] = value
             return
-        sub = typing.get_type_hints(cls)[part]
-        if not dataclasses.is_dataclass(sub):
+        if dataclasses.is_dataclass(sub):
+            child = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
+            kind = "a mapping"
+        elif list_item_type(sub) is not None:
+            if isinstance(node, dict) and node.get(key) is None:
+                node[key] = _default_data(tp, key) or []
+            child, kind = node[key], "a list"
+        else:
             raise ConfigError(f"--set {dotted}: '{path}' is a value, not a section.")
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {dotted}: '{path}' is not a mapping in the config file.")
-        cls = sub
+        if not isinstance(child, dict if kind == "a mapping" else list):
+            raise ConfigError(f"--set {dotted}: '{path}' is not {kind} in the config file.")
+        tp, node = sub, child
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -255,10 +255,17 @@ def train_dataset(prepared: PreparedData, data_config, *, seed: int, epoch: int,
     return dataset
 
 
-def empty_epoch_error(prepared: PreparedData, instances: int, micro_batch_size: int, world_size: int) -> DataError:
+class EmptyEpochError(DataError):
+    """A training epoch with no complete global micro-batch: less data than one micro-batch (`pretrain --dry-run`
+    prints its plan before this error)."""
+
+
+def empty_epoch_error(prepared: PreparedData, instances: int, micro_batch_size: int,
+                      world_size: int) -> EmptyEpochError:
     """The error for a training epoch with no complete global micro-batch (the trainer's and the loader's)."""
-    return DataError(f"{prepared.path}: the training split yields no complete micro-batch of {micro_batch_size} x "
-                     f"{world_size} instances (it has {instances}). Use a smaller train.batch_size or more data.")
+    return EmptyEpochError(f"{prepared.path}: the training split yields no complete micro-batch of {micro_batch_size} "
+                           f"x {world_size} instances (it has {instances}). Use a smaller train.batch_size or more "
+                           f"data.")
 
 
 def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int,

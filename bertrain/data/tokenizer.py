@@ -18,6 +18,15 @@ from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
 # How Unigram text is cut before the model sees it: words, single digits, punctuation runs.
 UNIGRAM_SPLIT = r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"
 UNIGRAM_SLACK = 1.5
+# The Unigram trainer seeds its pieces only with substrings of at least two distinct word types, so a frequent word
+# that is part of no other word ("from", "shalt" in the King James Bible) never became a piece: "▁ from", "▁shal t"
+# (sentencepiece's trainer does the same). Each word seen SEED_WORD_MIN_COUNT times or more is also given to the
+# trainer once as "word" + SEED_MARK, a second type that makes "▁word" a seed; pieces with the mark are dropped.
+SEED_WORD_MIN_COUNT = 10
+SEED_MARK = "\ufdd0"  # a Unicode noncharacter: in no text, a letter to the pre-tokenizers
+# EM rounds between two prunings (the trainer's default, 2, left whole words seeded with small scores no time to win
+# over "▁" + word: benchmarks/unigram_vs_sentencepiece.py).
+UNIGRAM_EM_ROUNDS = 3
 CONTINUATION = WORD_MARKERS["wordpiece"]   # "##": WordPiece marks pieces that continue a word
 SPACE = WORD_MARKERS["unigram"]            # "▁": Unigram marks pieces that start a word (a space before)
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
@@ -69,7 +78,7 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="first")
     trainer = trainers.UnigramTrainer(
         vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials,
-        unk_token=unk, max_piece_length=16, show_progress=False)
+        unk_token=unk, max_piece_length=16, n_sub_iterations=UNIGRAM_EM_ROUNDS, show_progress=False)
     return tokenizer, trainer
 
 
@@ -85,6 +94,7 @@ def keep_usable_pieces(pieces: list[list], size: int) -> list[list]:
     """All single characters, then the best-scoring pieces the encoding pre-tokenizer can produce
     (no "▁" inside, letters and punctuation not mixed, one digit at most), `size` pieces in all."""
     split = pre_tokenizers.Split(Regex(UNIGRAM_SPLIT), behavior="isolated")
+    pieces = [item for item in pieces if SEED_MARK not in item[0]]
     chars = [item for item in pieces if len(item[0]) == 1]
     usable = [item for item in pieces
               if len(item[0]) > 1 and len(split.pre_tokenize_str(item[0].replace(SPACE, " "))) == 1]
@@ -163,13 +173,29 @@ def _check_specials(tokenizer: Any, kind: str) -> dict[str, int]:
     return ids
 
 
+def _write_seed_words(config: TokenizerConfig, spool: Path) -> Path:
+    """Unigram: the spool's words seen SEED_WORD_MIN_COUNT times or more as they are written (the most frequent,
+    counted in Rust by a word-level trainer: raw, as normalizing costs more than counting), normalized, one per line
+    with SEED_MARK after it, in a file beside the spool."""
+    counter = Tokenizer(models.WordLevel(unk_token=SPECIAL_TOKENS["unigram"]["unk"]))
+    counter.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    counter.train([str(spool)], trainers.WordLevelTrainer(
+        vocab_size=2 * config.vocab_size, min_frequency=SEED_WORD_MIN_COUNT, show_progress=False))
+    normalizer = build_untrained(config)[0].normalizer
+    words = {normalizer.normalize_str(word) for word in counter.get_vocab() if word.isalpha()}
+    path = spool.with_name(spool.name + ".seeds")
+    path.write_text("".join(word + SEED_MARK + "\n" for word in sorted(words) if word.isalpha()), encoding="utf-8")
+    return path
+
+
 def _train_on_spool(config: TokenizerConfig, alphabet: set[str], spool: Path, chars: int) -> Any:
     """Train and canonicalize; Unigram is trained once more, with more pieces, if too few were usable."""
     trainer_size = int(config.vocab_size * UNIGRAM_SLACK) if config.kind == "unigram" else config.vocab_size
+    files = [str(spool)] + ([str(_write_seed_words(config, spool))] if config.kind == "unigram" else [])
     for _ in range(2):
         tokenizer, trainer = build_untrained(config, alphabet, trainer_size)
         try:
-            tokenizer.train([str(spool)], trainer=trainer)
+            tokenizer.train(files, trainer=trainer)
         except Exception as error:  # the Rust trainers raise plain exceptions on degenerate corpora
             raise DataError(
                 f"Training the {config.kind} tokenizer (vocab_size {config.vocab_size}) failed on "
@@ -204,6 +230,7 @@ def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out
         tokenizer = _train_on_spool(config, alphabet, spool, chars)
     finally:
         spool.unlink(missing_ok=True)
+        spool.with_name(spool.name + ".seeds").unlink(missing_ok=True)
     seconds = time.perf_counter() - start
     _check_specials(tokenizer, config.kind)
     specials = SPECIAL_TOKENS[config.kind]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -15,6 +16,8 @@ from bertrain.train import fault_hooks
 from bertrain.train.stream import TrainStream
 
 QUICK_SECONDS = 10.0
+# More passes over the training data than this are warned about (a plan of 13,889 epochs once went unremarked).
+MAX_EPOCHS_UNREMARKED = 100
 # A training step reaches only part of a device's plain matmul rate (attention, softmax, layer norm, memory
 # traffic): the share assumed when a time is estimated from FLOPs alone.
 MATMUL_SHARE = 0.5
@@ -73,22 +76,38 @@ def measure_micro_batch(model, accelerator, batch: dict, warmup_rows: int = 1) -
     return seconds
 
 
+def repetition_warning(config: Config, epoch_length: int, total_steps: int) -> str | None:
+    """A warning when the plan passes over the training data more than MAX_EPOCHS_UNREMARKED times, else None."""
+    steps_per_epoch = epoch_length / config.train.gradient_accumulation_steps
+    epochs = total_steps / max(steps_per_epoch, 1e-9)
+    if not epoch_length or epochs <= MAX_EPOCHS_UNREMARKED:
+        return None
+    max_tokens = config.train.max_tokens
+    budget = (f"train.max_steps={math.ceil(MAX_EPOCHS_UNREMARKED * steps_per_epoch)}" if max_tokens is None else
+              f"train.max_tokens={math.ceil(max_tokens * MAX_EPOCHS_UNREMARKED / epochs)}")
+    return (f"the plan repeats the training data {epochs:,.0f} times ({total_steps:,} steps, {steps_per_epoch:,.1f} "
+            f"per epoch): repeated data teaches less than new data, and a model can overfit a small corpus. Add data "
+            f"(more documents or sources in `bertrain prepare`), or train fewer steps: --set {budget} is "
+            f"{MAX_EPOCHS_UNREMARKED} epochs.")
+
+
 def _figures(config: Config, prepared, world: int, micro_batch_size: int, num_parameters: int,
-             checkpoint_bytes: int, epoch_length: int, total_steps: int) -> Table:
-    """The table of what needs no measurement."""
+             checkpoint_bytes: int, epoch_length: int, total_steps: int | None) -> Table:
+    """The table of what needs no measurement (steps and epochs `-` when the data fills no micro-batch)."""
     train = config.train
     steps_per_epoch = epoch_length / train.gradient_accumulation_steps
     disk = checkpoint_bytes * (train.keep_last + 1)
     split = prepared.manifest["splits"]["train"]
+    epochs = f"{total_steps / steps_per_epoch:,.2f}" if total_steps and steps_per_epoch else "-"
     return _table(f"pretrain --dry-run ({world} process(es))", [
         ("model", f"{config.model.type}, vocab {config.model.vocab_size}"),
         ("parameters", f"{num_parameters:,}"),
         ("tokens per epoch", f"{int(split['tokens']):,}"),
         ("sequences per step", f"{train.batch_size:,} x {config.data.max_seq_length} tokens"),
         ("micro-batch per process", f"{micro_batch_size} x {train.gradient_accumulation_steps} accumulation"),
-        ("steps per epoch", f"{steps_per_epoch:,.1f}"),
-        ("total steps", f"{total_steps:,}"),
-        ("epochs", f"{total_steps / max(steps_per_epoch, 1e-9):,.2f}"),
+        ("steps per epoch", f"{steps_per_epoch:,.1f}" if epoch_length else "0 (less data than one micro-batch)"),
+        ("total steps", f"{total_steps:,}" if total_steps is not None else "-"),
+        ("epochs", epochs),
         ("checkpoint size", human_bytes(checkpoint_bytes)),
         ("disk needed", f"{human_bytes(disk)} (keep_last {train.keep_last} + 1 while saving)")])
 
@@ -148,12 +167,19 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
 
 
 def report_dry_run(model, accelerator, console: Console, config: Config, prepared, *, micro_batch_size: int,
-                   num_parameters: int, checkpoint_bytes: int, epoch_length: int, total_steps: int) -> int:
-    """Print the run's size at once, then a time estimate (rank 0); write nothing. Returns the exit code, 0."""
-    if not accelerator.is_main_process:
-        return 0
-    console.print(_figures(config, prepared, accelerator.num_processes, micro_batch_size, num_parameters,
-                           checkpoint_bytes, epoch_length, total_steps))
-    console.file.flush()
-    estimate_time(model, accelerator, console, config, prepared, micro_batch_size, total_steps)
+                   num_parameters: int, checkpoint_bytes: int, epoch_length: int, total_steps: int | None,
+                   problem: Exception | None = None) -> int:
+    """Print the run's size at once, then a time estimate (rank 0); write nothing. Returns the exit code, 0.
+    With `problem` (the data fills no micro-batch: epoch_length 0), the size, then `problem` is raised."""
+    if accelerator.is_main_process:
+        console.print(_figures(config, prepared, accelerator.num_processes, micro_batch_size, num_parameters,
+                               checkpoint_bytes, epoch_length, total_steps))
+        warning = repetition_warning(config, epoch_length, total_steps or 0)
+        if warning:
+            _say(console, f"[yellow]Warning:[/] {warning}")
+        console.file.flush()
+    if problem is not None:
+        raise problem
+    if accelerator.is_main_process:
+        estimate_time(model, accelerator, console, config, prepared, micro_batch_size, total_steps or 0)
     return 0

@@ -18,12 +18,13 @@ from rich.console import Console
 from bertrain import rundir
 from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
 from bertrain.console import human_seconds, make_console
+from bertrain.data.loader import EmptyEpochError
 from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted
 from bertrain.model import build_model
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
 from bertrain.train.checkpoint import TrainState
-from bertrain.train.dry_run import report_dry_run
+from bertrain.train.dry_run import repetition_warning, report_dry_run
 from bertrain.train.evaluate import evaluate
 from bertrain.train.monitor import Monitor, NullMonitor
 from bertrain.train.optim import apply_settings, build_optimizer, build_scheduler, stretch_schedule
@@ -108,7 +109,15 @@ class Trainer:
         stream = TrainStream(self.prepared, config.data, seed=train.seed, micro_batch_size=micro_batch_size,
                              rank=rank, world_size=world, epoch=state.epoch, micro_batch=state.micro_batch,
                              device_type=accelerator.device.type)
-        epoch_length = stream.epoch_length(0)
+        try:
+            epoch_length = stream.epoch_length(0)
+        except EmptyEpochError as error:  # a dry run shows its plan first, then this
+            if not dry_run:
+                raise
+            return report_dry_run(model, accelerator, self.console, config, self.prepared,
+                                  micro_batch_size=micro_batch_size, num_parameters=num_parameters,
+                                  checkpoint_bytes=checkpoint_bytes, epoch_length=0,
+                                  total_steps=train.max_steps if train.max_tokens is None else None, problem=error)
         total_steps = schedule_length(config, self.prepared, epoch_length, micro_batch_size, world)
         if resume_path is None:
             state.total_steps = total_steps
@@ -117,6 +126,9 @@ class Trainer:
                                   micro_batch_size=micro_batch_size, num_parameters=num_parameters,
                                   checkpoint_bytes=checkpoint_bytes, epoch_length=epoch_length,
                                   total_steps=total_steps)
+        repeats = repetition_warning(config, epoch_length, state.total_steps)
+        if repeats and is_main:
+            self.console.print(f"[yellow]Warning:[/] {repeats}", highlight=False)
         checkpoint.check_disk(self.run_dir, checkpoint_bytes)  # on every rank, so all of them stop together
         model, optimizer, scheduler = self._prepare_training(model, resume_path, state, total_steps)
         if accelerator.is_main_process:

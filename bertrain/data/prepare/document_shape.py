@@ -75,7 +75,8 @@ def _fix(sources: list[dict[str, Any]]) -> str:
     """The fix that fits the sources: group records, or put more text in each document."""
     if any(source.get("format") in RECORD_FORMATS for source in sources):
         return ("if each record is a piece of a longer text (a verse, a line, a paragraph), group consecutive "
-                "records into documents with the source's `group_by` (e.g. `group_by: [book, chapter]`)")
+                "records into documents with the source's `group_by` (e.g. `group_by: [book, chapter]` in the recipe, "
+                "or --set 'prepare.sources.0.group_by=[book,chapter]')")
     return ("put whole texts in each document: with one sentence per line, blank lines only between "
             "documents (text_layout: sentence_per_line), or one document per file (text_layout: paragraphs)")
 

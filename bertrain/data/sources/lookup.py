@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,6 +19,7 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", "
 FORMATS_BY_SUFFIX = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
                      ".json": "json", ".parquet": "parquet"}
 DATASETS_DIR_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+LOCAL_FORMATS = ("text", "jsonl", "json", "parquet", "arrow")  # what a --source of unknown format may be
 MAX_NAMED_SKIPS = 200  # skipped files named in the manifest (all are counted)
 
 
@@ -140,3 +141,31 @@ def resolve_source(source: SourceConfig, counts: Counter, skipped: list) -> list
         raise DataError(f"Source '{source.path}' has no readable files (.txt, .jsonl, .json, .parquet, "
                         f"optionally .gz/.zst, or a datasets save_to_disk directory). Set `format:` to force one.")
     return inputs
+
+
+def source_format(source: SourceConfig) -> str:
+    """The format a source reads: its `format`, else what `auto` makes of its path's extension; `auto`
+    when the path does not say (a directory, a glob without an extension)."""
+    if source.format != "auto":
+        return source.format
+    path = Path(os.path.expanduser(source.path))
+    if _is_datasets_dir(path):
+        return "arrow"
+    compression, suffix = _split_suffix(Path(str(path).rstrip("*?")))
+    if suffix in FORMATS_BY_SUFFIX:
+        return FORMATS_BY_SUFFIX[suffix]
+    return "text" if path.is_file() and not suffix and not compression else "auto"
+
+
+def sources_for_paths(paths: list[str], recipe_sources: list[SourceConfig]) -> list[tuple[dict, Optional[str]]]:
+    """`--source PATH`s as source mappings (format `auto`), each with the other settings of the recipe source it
+    follows (named, or None): the recipe's first source of the same format (the one `format: auto` gives by
+    extension); for a path whose extension does not say (a directory), the first source of local files."""
+    entries = []
+    for path in paths:
+        fmt = source_format(SourceConfig(path=path))
+        followed = (fmt,) if fmt != "auto" else LOCAL_FORMATS + ("auto",)
+        match = next((source for source in recipe_sources if source_format(source) in followed), None)
+        settings = {k: v for k, v in asdict(match).items() if k != "format"} if match is not None else {}
+        entries.append(({**settings, "path": path}, match.path if match is not None else None))
+    return entries

@@ -28,8 +28,8 @@ def read_documents(item: InputFile, source: SourceConfig, config: PrepareConfig,
         progress[:] = [None]
     if source.group_by and item.format in ("text", "pydoc"):
         raise ConfigError(f"{item.path}: group_by applies to records (JSON lines, JSON, Parquet, datasets, hub), "
-                          f"not to {item.format} files; remove group_by from the source '{source.path}' or set "
-                          f"its format.")
+                          f"not to {item.format} files; remove group_by from the source '{source.path}' (with "
+                          f"--source: --set prepare.sources.N.group_by=null) or set its format.")
     if item.format == "pydoc":
         counts["files_read"] += 1
         yield from pydoc_source_documents(item, counts)
