@@ -32,7 +32,6 @@ SCRIPT_LANGUAGE = {"latin": "en", "cyrillic": "ru", "greek": "el", "armenian": "
                    "devanagari": "hi", "bengali": "bn", "tamil": "ta", "telugu": "te", "thai": "th", "lao": "lo",
                    "myanmar": "my", "georgian": "ka", "hangul": "ko", "ethiopic": "am", "khmer": "km", "kana": "ja",
                    "han": "zh"}
-THAI_EXTRA = "pythainlp"
 SAMPLE_CHARS = 2000  # a paragraph's script is judged on its first characters
 _SCRIPT_LETTERS = {script: re.compile(f"[{ranges}]") for script, ranges in SCRIPT_RANGES.items()}
 _THAI = _SCRIPT_LETTERS["thai"]

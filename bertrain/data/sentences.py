@@ -9,9 +9,11 @@ import unicodedata
 from functools import lru_cache
 from typing import Callable, Optional
 
-from bertrain.data.scripts import SCRIPT_LANGUAGE, THAI_EXTRA, dominant_script, has_thai
+from bertrain.data.scripts import SCRIPT_LANGUAGE, dominant_script, has_thai
+from bertrain.errors import UsageError
 
 SPLITTERS = ("auto", "rules", "sentencex", "pythainlp")
+EXTRAS = {"pythainlp": "bertrain[thai]", "sentencex": "bertrain[sentencex]"}  # what to pip install for each
 
 # Periods after these never end a sentence (titles, and abbreviations always followed by more text).
 NEVER_FINAL = frozenset("""
@@ -37,6 +39,7 @@ _CLOSERS = "\"'”’»)\\]}」』）》〉】〕〙〗"
 # (and fullwidth ．｡), Devanagari danda । ॥, Arabic ؟ and Urdu ۔, Armenian ։, Ethiopic ።, Myanmar ။, Khmer ។ ៕.
 _SPACED_END = ".!?…"
 _UNSPACED_END = "。！？．｡।॥؟۔։።။។៕"
+SENTENCE_END = tuple(_SPACED_END + _UNSPACED_END + _CLOSERS)  # what a line ending a sentence ends with
 # One character class first: the regex engine then scans fast (about 90 M characters/s); the rest is decided below.
 _CANDIDATE = re.compile(f"[{re.escape(_SPACED_END)}{_UNSPACED_END}]+[{re.escape(_CLOSERS)}]*\\s*")
 _OPENERS = "\"'“‘«([{「『（《〈【〔"
@@ -118,7 +121,7 @@ def split_by_rules(text: str) -> list[str]:
     return sentences
 
 
-class MissingExtra(ImportError):
+class MissingExtra(UsageError):
     """A splitter's library is not installed; the message names the pip extra."""
 
 
@@ -133,11 +136,11 @@ def _library_splitter(name: str, language: str) -> Callable[[str], list[str]]:
         from sentencex import segment
         return lambda text: list(segment(language, text))
     except ImportError as error:
-        extra = THAI_EXTRA if name == "pythainlp" else "sentencex"
-        raise MissingExtra(f"sentence_splitter {name} needs the {extra} package: pip install "
-                           f"'bertrain[{'thai' if name == 'pythainlp' else 'sentencex'}]' ({error})") from error
+        raise MissingExtra(f"prepare.sentence_splitter {name} needs the {name} package: pip install "
+                           f"'{EXTRAS[name]}' ({error})") from error
 
 
+@lru_cache(maxsize=None)
 def thai_splitter_available() -> bool:
     """Whether pythainlp (with python-crfsuite) can split Thai here."""
     try:
@@ -147,11 +150,22 @@ def thai_splitter_available() -> bool:
         return False
 
 
+def require_splitter(splitter: str) -> None:
+    """MissingExtra, naming what to install, when a recipe asks for a library splitter that is not installed."""
+    if splitter in EXTRAS:
+        _library_splitter(splitter, "th" if splitter == "pythainlp" else "en")
+
+
+def is_thai(text: str) -> bool:
+    """Whether a paragraph is mostly Thai (split by pythainlp under `auto`)."""
+    return has_thai(text) and dominant_script(text) == "thai"
+
+
 def split_sentences(text: str, splitter: str = "auto", language: Optional[str] = None) -> list[str]:
     """Split one paragraph into sentences (whitespace collapsed). `auto`: pythainlp for a Thai paragraph (or
     `language` th) when installed, else the rules; `sentencex` uses `language` (None: the script's language)."""
     if splitter == "auto":
-        thai = language == "th" if language else has_thai(text) and dominant_script(text) == "thai"
+        thai = language == "th" if language else is_thai(text)
         if not thai or not thai_splitter_available():
             return split_by_rules(text)
         splitter = "pythainlp"
