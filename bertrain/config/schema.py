@@ -62,8 +62,13 @@ class TokenizerConfig:
     kind: Literal["wordpiece", "unigram"] = opt(
         "wordpiece", "`wordpiece` (BERT, `##` continuations) or `unigram` (ALBERT/SentencePiece, `▁` word starts).")
     vocab_size: int = opt(30522, "Target vocabulary size including special tokens.")
-    lowercase: bool = opt(True, "Lowercase text before tokenizing (WordPiece: BERT uncased).")
-    strip_accents: Optional[bool] = opt(None, "Strip accents; null follows `lowercase` as BERT does.")
+    lowercase: bool = opt(True, "Lowercase text before tokenizing (WordPiece: BERT uncased). Lowercasing only: "
+                                "accents, vowel signs and other marks stay (see `strip_accents`).")
+    strip_accents: Optional[bool] = opt(
+        False, "Strip accents: decompose (NFKD) and drop every combining mark, as BERT-uncased English does (the "
+        "wikipedia_en, wikipedia_en_unigram, gutenberg_en and pydoc recipes set it). It also deletes Hindi vowel "
+        "signs, Thai vowels and tone marks, Japanese dakuten (が->か), Arabic hamza, German umlauts and Russian "
+        "й->и: leave it false for other languages. null: false.")
     min_frequency: int = opt(2, "WordPiece: minimum pair frequency for a merge.")
     max_bytes: int = opt(1_000_000_000, "Train on a seeded sample of at most this many bytes of text.")
     seed: int = opt(0, "Seed of the training sample; same seed and corpus give the same tokenizer.")

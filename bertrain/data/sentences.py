@@ -34,7 +34,7 @@ mon tue wed thu fri sat sun a.m p.m u.s u.k u.n ph.d fig figs eq eqs no nos vol 
 art ed eds al
 """.split())
 
-_CLOSERS = "\"'”’»)\\]}」』）》〉】〕〙〗"
+_CLOSERS = "\"'”’“‘»)\\]}」』）》〉】〕〙〗"  # “ ‘ close German quotations („So?“ Ja.)
 # Spaced scripts end a sentence with . ! ? … and whitespace; these marks need no space after them: CJK 。！？
 # (and fullwidth ．｡), Devanagari danda । ॥, Arabic ؟ and Urdu ۔, Armenian ։, Ethiopic ።, Myanmar ။, Khmer ។ ៕.
 _SPACED_END = ".!?…"
@@ -65,40 +65,43 @@ def _word_at(text: str, start: int) -> str:
 
 def _is_initial(word: str) -> bool:
     """One letter, in an abugida with its vowel signs (Devanagari बी)."""
-    return word[:1].isalpha() and all(unicodedata.category(char)[0] == "M" for char in word[1:4]) \
-        and len(word) <= 3
+    return len(word) <= 3 and word[:1].isalpha() and all(unicodedata.category(char)[0] == "M" for char in word[1:])
 
 
-def _is_boundary(text: str, match: re.Match) -> bool:
+def _boundary(text: str, match: re.Match) -> int:
+    """Where the sentence ending at this candidate ends (its next one starts), or -1: no boundary here."""
     nxt = match.end()
     if nxt >= len(text):
-        return False
+        return -1
     following = text[nxt]
     found = match.group()
     marks = found.rstrip().rstrip(_CLOSERS)
     if marks[-1] in _UNSPACED_END or (found[-1] != " " and marks[-1] in "!?" and _is_cjk(following)):
-        # 。 । ؟ ... need no space after them; nor do ASCII ! ? right before kana or Han
-        return following not in _QUOTE_PARTICLES or found[-1] not in _CLOSERS
+        # 。 । ؟ ... need no space after them; nor do ASCII ! ? right before kana or Han. “ ‘ after them open
+        # the next sentence (Chinese 。“).
+        if following in _QUOTE_PARTICLES and found[-1] in _CLOSERS:
+            return -1
+        return match.start() + len(found.rstrip(" “‘"))
     if found[-1] != " ":
-        return False  # "3.14", "U.S.A", "out.Really"
+        return -1  # "3.14", "U.S.A", "out.Really"
     if following in _OPENERS and nxt + 1 < len(text):
         following = text[nxt + 1]
     if following.islower():
-        return False  # "e.g. the", "approx. five", '"Why?" she asked'
+        return -1  # "e.g. the", "approx. five", '"Why?" she asked'
     if marks != ".":
-        return True  # "!", "?", "...", "?!", "।", "。" before a non-lowercase word
+        return nxt  # "!", "?", "...", "?!", "।", "。" before a non-lowercase word
     word = _word_before(text, match.start())
     if word in NEVER_FINAL:
-        return False
+        return -1
     if _is_initial(word):
-        return False  # an initial: "John F. Kennedy", Hindi "बी. सी."
+        return -1  # an initial: "John F. Kennedy", Hindi "बी. सी."
     if word.isdigit() and len(word) <= 2 and _word_at(text, nxt) in AFTER_ORDINAL:
-        return False
+        return -1
     if word in MAYBE_FINAL:
-        return following.isupper()
+        return nxt if following.isupper() else -1
     if "." in word and all(len(part) <= 2 for part in word.split(".")):
-        return following.isupper()  # "U.S.A." style abbreviations
-    return True
+        return nxt if following.isupper() else -1  # "U.S.A." style abbreviations
+    return nxt
 
 
 def split_by_rules(text: str) -> list[str]:
@@ -109,9 +112,9 @@ def split_by_rules(text: str) -> list[str]:
     sentences = []
     start = 0
     for match in _CANDIDATE.finditer(text):
-        if _is_boundary(text, match):
-            end = match.end()
-            sentence = text[start:end].rstrip()
+        end = _boundary(text, match)
+        if end >= 0:
+            sentence = text[start:end].strip()
             if sentence:
                 sentences.append(sentence)
             start = end
