@@ -20,6 +20,7 @@ from bertrain.config import fit_micro_batch_size
 from bertrain.data.format import PreparedData
 from bertrain.data.loader import epoch_plan, masking_settings, train_dataset
 from bertrain.data.masking import IGNORE_INDEX, splitmix64
+from bertrain.data.sentences import TERMINAL_MARKS
 from bertrain.errors import DataError
 from bertrain.tokenizer_file import load_tokenizer
 
@@ -30,8 +31,8 @@ PROBE_NAMES = {
     "sep_parity": "parity of the first [SEP] position",
     "a_continues": "A starts on a continuation piece",
     "b_continues": "B starts on a continuation piece",
-    "a_ends_sentence": "A ends on . ! ?",
-    "b_ends_sentence": "B ends on . ! ?",
+    "a_ends_sentence": "A ends on . ! ? 。 । ؟ ...",
+    "b_ends_sentence": "B ends on . ! ? 。 । ؟ ...",
     "sep_position": "first [SEP] position",
     "joint": "all seven features above, jointly",
 }
@@ -43,7 +44,7 @@ WARNING_MARGIN = 0.02
 # 2-point warning margin is 4 standard errors (a chance false alarm has probability ~3e-5).
 DEFAULT_INSTANCES = 20_000
 MAX_EPOCHS = 200
-_SENTENCE_FINAL = (".", "!", "?")
+_SENTENCE_FINAL = tuple(TERMINAL_MARKS)  # of every script, not only . ! ?
 
 
 @dataclass
@@ -71,7 +72,7 @@ class ProbeResult:
 
 
 def piece_tables(prepared: PreparedData, data_config) -> tuple[np.ndarray, np.ndarray]:
-    """([vocab] bool continuation piece, [vocab] bool ends in . ! ?) from the prepared tokenizer."""
+    """([vocab] bool continuation piece, [vocab] bool ends in a terminal mark) from the prepared tokenizer."""
     word_start = masking_settings(prepared, dataclasses.replace(data_config, masking="whole_word")).word_start
     tokenizer = load_tokenizer(prepared.tokenizer_dir)
     final = np.array([(tokenizer.id_to_token(token_id) or "").endswith(_SENTENCE_FINAL)
