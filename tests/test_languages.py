@@ -106,9 +106,10 @@ def test_one_sentence_per_line_is_recognised_in_every_script(language):
     assert guess_text_layout(lines + [""] + lines[::-1]) == "sentence_per_line"
 
 
-def test_hard_wrapped_prose_is_still_paragraphs():
+def test_hard_wrapped_prose_and_thai_paragraph_lines_are_still_paragraphs():
     prose = ["The cat sat on the mat and looked at the", "dog, who did not care at all. Then it", "rained."]
     assert guess_text_layout(prose) == "paragraphs"
+    assert guess_text_layout([" ".join(THAI) * 3, "", " ".join(THAI[::-1]) * 3]) == "paragraphs"
 
 
 def test_one_sentence_per_line_files_prepare_into_their_documents(tmp_path):

@@ -11,9 +11,12 @@ from bertrain.data.sentences import SENTENCE_END, is_thai, split_by_rules
 from bertrain.data.sources.lookup import InputFile
 
 
+MAX_THAI_SENTENCE_CHARS = 300  # Thai marks no sentence ends: a line this short may be one (UD Thai: 99% are)
+
+
 def _ends_sentence(line: str) -> bool:
-    """Whether a line ends like a sentence: terminal punctuation of any script, or Thai (which marks none)."""
-    return line.endswith(SENTENCE_END) or is_thai(line[-200:])
+    """Whether a line ends like a sentence: terminal punctuation of any script, or a short line of Thai."""
+    return line.endswith(SENTENCE_END) or (len(line) <= MAX_THAI_SENTENCE_CHARS and is_thai(line))
 
 
 def guess_text_layout(lines: list[str]) -> str:
