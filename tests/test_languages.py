@@ -1,7 +1,9 @@
 """Sentences, layout and normalization beyond English: hand-made fixtures per language (issue 22)."""
 
+import importlib.util
 import unicodedata
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +98,26 @@ def test_sentencex_splits_with_the_language_of_the_script_when_installed():
     pytest.importorskip("sentencex", reason="sentencex is not installed: pip install 'bertrain[sentencex]'")
     assert split_sentences(" ".join(SENTENCES["hi"][:3]), "sentencex") == SENTENCES["hi"][:3]
     assert split_sentences("Er kam. Sie ging.", "sentencex", "de") == ["Er kam.", "Sie ging."]
+
+
+# F1 targets of issue 22 on the shipped Universal Dependencies text (benchmarks/sentence_split.py scores it).
+BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "sentence_split.py"
+F1_TARGETS = {"zh": 0.98, "ja": 0.98, "hi": 0.98, "ar": 0.98, "ru": 0.97, "de": 0.94, "en": 0.86, "th": 0.55}
+
+
+@pytest.mark.parametrize("language", sorted(F1_TARGETS))
+def test_boundaries_on_universal_dependencies_text_reach_the_targets(language):
+    spec = importlib.util.spec_from_file_location("sentence_split", BENCHMARK)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    if language == "th" and not thai_splitter_available():
+        pytest.skip("Thai needs pythainlp (with python-crfsuite): pip install 'bertrain[thai]'")
+    found = expected = correct = 0
+    for document in benchmark.load(language):
+        gold = benchmark.boundaries(document)
+        split = benchmark.boundaries(split_sentences(("" if language in benchmark.UNSPACED else " ").join(document)))
+        found, expected, correct = found + len(split), expected + len(gold), correct + len(gold & split)
+    assert 2 * correct / (found + expected) >= F1_TARGETS[language]
 
 
 # One sentence per line in scripts whose sentences end in 。 । or nothing (Thai): the layout guess once saw
