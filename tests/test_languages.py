@@ -194,3 +194,37 @@ def test_the_share_of_changed_characters_is_measured_and_warned_above_one_percen
     assert normalization_row_and_warning(counts, {"normalization": normalizer_changes(kept, hindi)})[1] == []
     _, warnings = normalization_row_and_warning(counts, {"normalization": changed})
     assert len(warnings) == 1 and "strip_accents: false" in warnings[0]
+
+
+def test_prepare_warns_about_stripped_marks_and_thai_without_its_splitter(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setattr("bertrain.data.sources.normalize.thai_splitter_available", lambda: False)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    hindi = SENTENCES["hi"] + [KEPT["hi"] + "।"]
+    (corpus / "hi.txt").write_text("\n\n".join("\n".join(hindi[i:] + hindi[:i]) for i in range(4)) + "\n",
+                                   encoding="utf-8")
+    thai_prose = [" ".join(THAI * 3), " ".join(THAI[::-1] * 3)]  # paragraphs too long to be one sentence each
+    (corpus / "th.txt").write_text("\n\n".join(thai_prose) + "\n", encoding="utf-8")
+    recipe = Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(corpus), format="text")],
+                                          validation_fraction=0.0, num_shards=1, workers=1),
+                    tokenizer=TokenizerConfig(vocab_size=300, min_frequency=1, strip_accents=True))
+    out = io.StringIO()
+    manifest = prepare_corpus(recipe, tmp_path / "data", console=Console(file=out, width=400))
+    text = " ".join(out.getvalue().split())
+    assert manifest["counts"]["paragraphs_thai_without_splitter"] == 2
+    assert "pip install 'bertrain[thai]'" in text
+    assert manifest["tokenizer"]["stats"]["normalization"]["chars_changed"] > 0
+    assert "set tokenizer.strip_accents: false" in text
+
+
+def test_sentence_language_must_be_an_iso_code():
+    from bertrain.config.validate import validate
+    from bertrain.errors import ConfigError
+
+    validate(Recipe(prepare=PrepareConfig(sentence_language="th")))
+    with pytest.raises(ConfigError, match="prepare.sentence_language"):
+        validate(Recipe(prepare=PrepareConfig(sentence_language="German")))
