@@ -12,7 +12,6 @@ from typing import Callable, Optional
 from bertrain.data.scripts import SCRIPT_LANGUAGE, dominant_script, has_thai
 from bertrain.errors import UsageError
 
-SPLITTERS = ("auto", "rules", "sentencex", "pythainlp")
 EXTRAS = {"pythainlp": "bertrain[thai]", "sentencex": "bertrain[sentencex]"}  # what to pip install for each
 
 # Periods after these never end a sentence (titles, and abbreviations always followed by more text).
