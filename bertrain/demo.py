@@ -79,7 +79,8 @@ def demo_recipe(corpus_dir: Path, model: str) -> dict[str, Any]:
     # validation_fraction: ~10% of ~250 documents, a validation set of ~10k tokens
     return {"prepare": {"sources": [{"path": str(corpus_dir), "format": "text", "text_layout": "paragraphs"}],
                         "validation_fraction": 0.1, "num_shards": 2, "workers": 2, "dedup": True},
-            "tokenizer": {"kind": TOKENIZER_OF_MODEL[model], "vocab_size": VOCAB_SIZE, "lowercase": True, "seed": 0}}
+            "tokenizer": {"kind": TOKENIZER_OF_MODEL[model], "vocab_size": VOCAB_SIZE, "lowercase": True,
+                          "strip_accents": True, "seed": 0}}
 
 
 # --- Running the stages ---

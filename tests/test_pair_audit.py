@@ -155,3 +155,15 @@ def test_the_audit_warns_when_a_probe_beats_the_majority():
     out = io.StringIO()
     assert not print_audit(results[:1], "nsp", Console(file=out, width=200))
     assert "WARNING" not in out.getvalue()
+
+
+def test_a_tiny_corpus_raises_the_shortcut_margin_to_four_standard_errors_of_its_distinct_segments():
+    # 400 distinct first segments read for many epochs: a 4-point margin is within chance (SE 2.5 points).
+    tiny = [ProbeResult(name, 0.5, 0.5, 10_000, 10_000, 400) for name in PROBES]
+    tiny[PROBES.index("sep_parity")] = ProbeResult("sep_parity", 0.54, 0.5, 10_000, 10_000, 400)
+    assert tiny[0].independent == 400 and abs(tiny[0].threshold - 4 * 0.025) < 1e-9
+    out = io.StringIO()
+    assert not print_audit(tiny, "sop", Console(file=out, width=300))
+    assert "Only 400 distinct first segments" in out.getvalue() and "10.0 points" in out.getvalue()
+    big = ProbeResult("sep_parity", 0.54, 0.5, 10_000, 10_000, 10_000)
+    assert big.threshold == WARNING_MARGIN and big.shortcut

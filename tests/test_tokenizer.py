@@ -103,11 +103,14 @@ def test_accent_and_case_settings(tmp_path):
     texts = list(pydoc_paragraphs())[:300] + ["Café naïve résumé."] * 5
     cased = train_tokenizer(texts, TokenizerConfig(vocab_size=500, lowercase=False), tmp_path / "cased")
     tokenizer = load_tokenizer(tmp_path / "cased")
-    assert tokenizer.normalizer.lowercase is False and cased["vocab_size"] == 500
+    assert tokenizer.normalizer.normalize_str("Café") == "Café" and cased["vocab_size"] == 500
     assert "Café" in tokenizer.decode(tokenizer.encode("Café").ids)
     train_tokenizer(texts, TokenizerConfig(vocab_size=500), tmp_path / "uncased")
     uncased = load_tokenizer(tmp_path / "uncased")
-    assert uncased.decode(uncased.encode("Café").ids) == "cafe"
+    assert uncased.decode(uncased.encode("Café").ids) == "café"  # lowercasing alone keeps accents
+    train_tokenizer(texts, TokenizerConfig(vocab_size=500, strip_accents=True), tmp_path / "stripped")
+    stripped = load_tokenizer(tmp_path / "stripped")
+    assert stripped.decode(stripped.encode("Café").ids) == "cafe"
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "unigram"])

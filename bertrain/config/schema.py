@@ -62,8 +62,13 @@ class TokenizerConfig:
     kind: Literal["wordpiece", "unigram"] = opt(
         "wordpiece", "`wordpiece` (BERT, `##` continuations) or `unigram` (ALBERT/SentencePiece, `▁` word starts).")
     vocab_size: int = opt(30522, "Target vocabulary size including special tokens.")
-    lowercase: bool = opt(True, "Lowercase text before tokenizing (WordPiece: BERT uncased).")
-    strip_accents: Optional[bool] = opt(None, "Strip accents; null follows `lowercase` as BERT does.")
+    lowercase: bool = opt(True, "Lowercase text before tokenizing (WordPiece: BERT uncased). Lowercasing only: "
+                                "accents, vowel signs and other marks stay (see `strip_accents`).")
+    strip_accents: Optional[bool] = opt(
+        False, "Strip accents: decompose (NFKD) and drop every combining mark, as BERT-uncased English does (the "
+        "wikipedia_en, wikipedia_en_unigram, gutenberg_en and pydoc recipes set it). It also deletes Hindi vowel "
+        "signs, Thai vowels and tone marks, Japanese dakuten (が->か), Arabic hamza, German umlauts and Russian "
+        "й->и: leave it false for other languages. null: false.")
     min_frequency: int = opt(2, "WordPiece: minimum pair frequency for a merge.")
     max_bytes: int = opt(1_000_000_000, "Train on a seeded sample of at most this many bytes of text.")
     seed: int = opt(0, "Seed of the training sample; same seed and corpus give the same tokenizer.")
@@ -231,6 +236,18 @@ class PrepareConfig:
     max_line_chars: int = opt(
         1_000_000, "Longer lines are split into pieces of at most this many characters (counted).")
     min_sentence_chars: int = opt(1, "Sentences shorter than this are dropped (counted).")
+    sentence_splitter: Literal["auto", "rules", "sentencex", "pythainlp"] = opt(
+        "auto", "How text (not one-sentence-per-line files) is split into sentences. `auto`: chosen per paragraph "
+        "by its script, so mixed-language corpora need no tags: the rules (terminal punctuation of any script: "
+        "`. ! ? …` before a space, CJK `。！？`, Hindi `। ॥`, Arabic `؟ ۔`, ...; abbreviations, initials, German "
+        "ordinals) for every script but Thai, which marks no sentence ends: pythainlp when installed "
+        "(`pip install 'bertrain[thai]'`; prepare warns when Thai text is split without it). `rules`: the rules "
+        "only; `sentencex`: the sentencex library (`pip install 'bertrain[sentencex]'`, ~300 languages); "
+        "`pythainlp`: pythainlp for every paragraph.")
+    sentence_language: Optional[str] = opt(
+        None, "ISO 639-1 code (e.g. `de`, `th`) to split every paragraph as that language instead of detecting "
+        "its script: `th` takes pythainlp under `auto`; `sentencex` is given it (null: the language of the "
+        "paragraph's script, e.g. Cyrillic -> ru).")
     max_document_chars: int = opt(
         10_000_000, "Plain-text files (one document per file) longer than this are cut into several "
         "documents at paragraph boundaries (counted), which keeps memory bounded.")

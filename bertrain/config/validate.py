@@ -145,6 +145,10 @@ def _validate_recipe(recipe: Recipe) -> None:
         raise ConfigError("prepare.validation_fraction must be in [0, 1).")
     if recipe.prepare.num_shards < 1 or recipe.prepare.workers < 1:
         raise ConfigError("prepare.num_shards and prepare.workers must be at least 1.")
+    language = recipe.prepare.sentence_language
+    _require(language is None or (isinstance(language, str) and language.isalpha() and language.islower()
+                                  and 2 <= len(language) <= 3),
+             "prepare.sentence_language", "null or an ISO 639 code such as de or th", language)
 
 
 def micro_batch_size_for(config: Config, world_size: int) -> int:

@@ -175,12 +175,13 @@ def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_conf
 
 
 def print_audit(results: list[ProbeResult], objective: str, console) -> bool:
-    """Print the probe table and, when a probe beats the majority rate by more than WARNING_MARGIN,
-    a warning naming it. Returns whether any did."""
+    """Print the probe table and, when a probe beats the majority rate by more than its threshold (WARNING_MARGIN;
+    more on a tiny corpus), a warning naming it. Returns whether any did."""
     first = results[0]
     table = Table(title=f"{objective.upper()} shortcut audit: lookup probes fit on {first.fit_instances:,} "
                         f"instances, scored on {first.held_out_instances:,} held-out instances of other "
-                        f"documents (standard error {100 * first.standard_error:.1f} points)")
+                        f"documents (standard error {100 * first.standard_error:.1f} points over "
+                        f"{first.independent:,} distinct first segments)")
     for column, justify in (("surface feature", "left"), ("held-out accuracy", "right"),
                             ("majority rate", "right"), ("margin", "right"), ("", "left")):
         table.add_column(column, justify=justify)
@@ -190,16 +191,20 @@ def print_audit(results: list[ProbeResult], objective: str, console) -> bool:
                       "[bold red]SHORTCUT[/]" if result.shortcut else "ok")
     console.print(table)
     leaks = [r for r in results if r.shortcut]
+    if first.threshold > WARNING_MARGIN:
+        console.print(f"Only {first.independent:,} distinct first segments were held out (a small corpus read for "
+                      f"many epochs repeats them): margins under {100 * first.threshold:.1f} points (4 standard "
+                      f"errors) cannot be told from its documents' own differences. More text gives a finer audit.")
     if leaks:
         named = ", ".join(f"{PROBE_NAMES[r.probe]} ({100 * r.margin:+.1f})" for r in leaks)
         console.print(f"[bold red]WARNING:[/] surface features predict the {objective.upper()} label more than "
-                      f"{100 * WARNING_MARGIN:.0f} points above the majority rate: {escape(named)}. The sentence "
+                      f"{100 * first.threshold:.0f} points above the majority rate: {escape(named)}. The sentence "
                       f"head can learn this shortcut instead of discourse, and its accuracy overstates what it "
                       f"learned. Pairs built by this version of bertrain show none on shuffled text; on real text "
                       f"a small margin can also be the text's own (e.g. a colon followed by a code block).")
     else:
         console.print(f"No surface feature predicts the {objective.upper()} label: no probe beats the majority "
-                      f"rate by more than {100 * WARNING_MARGIN:.0f} points.")
+                      f"rate by more than {100 * first.threshold:.0f} points.")
     return bool(leaks)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from bertrain.batch_layout import IGNORE_INDEX, batch_layout
+from bertrain.data.sentences import TERMINAL_MARKS
 from bertrain.errors import DataError
 from bertrain.special_tokens import SPECIAL_IDS, WORD_MARKERS
 from bertrain.tokenizer_file import load_tokenizer
@@ -77,11 +78,11 @@ def keyed_uniform(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarra
     return keyed_bits(keys, units, stream).astype(np.float64) * _TO_UNIT
 
 
-SENTENCE_FINAL = (".", "!", "?")
+SENTENCE_FINAL = tuple(TERMINAL_MARKS)  # of every script the sentence rules know, not only . ! ?
 
 
 def sentence_final_table(tokenizer_file: str, vocab_size: int) -> np.ndarray:
-    """[vocab] bool: does this token end on . ! ? (NSP negatives match it; the pair audit probes it)."""
+    """[vocab] bool: does this token end on a sentence mark (. ! ? 。 । ...; NSP negatives match it; the pair audit probes it)."""
     tokenizer = load_tokenizer(tokenizer_file)
     size = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
     return np.array([(tokenizer.id_to_token(token_id) or "").endswith(SENTENCE_FINAL) for token_id in range(size)])

@@ -6,7 +6,9 @@ that need no understanding of the text (PROBE_NAMES), fits a table lookup on the
 documents and scores it on the other half; a probe beating the held-out majority rate by more than
 `WARNING_MARGIN` is a shortcut. Whole documents are held out because a small corpus read for many epochs
 repeats its sentences, and a fine-grained feature (the [SEP] position) would otherwise memorize documents.
-Instances without a sentence label (-100) are left out.
+Instances without a sentence label (-100) are left out. The standard error counts distinct held-out first
+segments, not instances (epochs repeat them); where they are too few for WARNING_MARGIN to be 4 standard errors,
+the margin that makes a shortcut grows to 4 standard errors, and the audit says so.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ PROBE_NAMES = {
     "sep_parity": "parity of the first [SEP] position",
     "a_continues": "A starts on a continuation piece",
     "b_continues": "B starts on a continuation piece",
-    "a_ends_sentence": "A ends on . ! ?",
-    "b_ends_sentence": "B ends on . ! ?",
+    "a_ends_sentence": "A ends on . ! ? 。 । ؟ ...",
+    "b_ends_sentence": "B ends on . ! ? 。 । ؟ ...",
     "sep_position": "first [SEP] position",
     "joint": "all seven features above, jointly",
 }
@@ -41,6 +43,7 @@ WARNING_MARGIN = 0.02
 # 10,000 held-out instances: the standard error of an accuracy near 50% is 0.5 points, so the
 # 2-point warning margin is 4 standard errors (a chance false alarm has probability ~3e-5).
 DEFAULT_INSTANCES = 20_000
+SHORTCUT_STANDARD_ERRORS = 4
 MAX_EPOCHS = 200
 
 
@@ -53,23 +56,35 @@ class ProbeResult:
     majority: float
     fit_instances: int
     held_out_instances: int
+    held_out_segments: int = 0   # distinct first segments (A starts) held out; 0: not known
 
     @property
     def margin(self) -> float:
         return self.accuracy - self.majority
 
     @property
+    def independent(self) -> int:
+        """Held-out instances counted once per distinct A: a small corpus read for many epochs repeats them."""
+        return min(self.held_out_instances, self.held_out_segments or self.held_out_instances)
+
+    @property
     def standard_error(self) -> float:
-        """Standard error of the held-out accuracy (binomial, at the majority rate)."""
-        return float(np.sqrt(self.majority * (1 - self.majority) / max(self.held_out_instances, 1)))
+        """Standard error of the held-out accuracy (binomial, at the majority rate, over distinct A segments)."""
+        return float(np.sqrt(self.majority * (1 - self.majority) / max(self.independent, 1)))
+
+    @property
+    def threshold(self) -> float:
+        """The margin that makes a shortcut: WARNING_MARGIN, or 4 standard errors where fewer distinct segments
+        were held out than that margin needs (a tiny corpus: its documents' own differences look like one)."""
+        return max(WARNING_MARGIN, SHORTCUT_STANDARD_ERRORS * self.standard_error)
 
     @property
     def shortcut(self) -> bool:
-        return self.margin > WARNING_MARGIN
+        return self.margin > self.threshold
 
 
 def piece_tables(prepared: PreparedData, data_config) -> tuple[np.ndarray, np.ndarray]:
-    """([vocab] bool continuation piece, [vocab] bool ends in . ! ?) from the prepared tokenizer."""
+    """([vocab] bool continuation piece, [vocab] bool ends in a terminal mark) from the prepared tokenizer."""
     word_start = masking_settings(prepared, dataclasses.replace(data_config, masking="whole_word")).word_start
     final = sentence_final_table(prepared.tokenizer_dir, prepared.vocab_size)
     return ~word_start, final[:len(word_start)]
@@ -120,6 +135,7 @@ def collect_features(prepared: PreparedData, data_config, *, seed: int, micro_ba
                                           sentence_final=final))
             labels.append(batch.sentence_label[keep])
             documents.append(dataset.plan.document[dataset.plan.order[positions]][keep])
+            parts[-1]["a_start"] = dataset.plan.a_start[dataset.plan.order[positions]][keep]
             collected += int(keep.sum())
             if collected >= instances:
                 break
@@ -165,11 +181,12 @@ def run_probes(features: dict[str, np.ndarray], labels: np.ndarray, fit: np.ndar
     majority = float(max(held_labels.mean(), 1 - held_labels.mean()))
     joint = np.stack([features[name] for name in JOINT_FEATURES], axis=1)
     joint_code = np.unique(joint, axis=0, return_inverse=True)[1].reshape(-1)
+    segments = len(np.unique(features["a_start"][~fit])) if "a_start" in features else 0
     results = []
     for probe in PROBES:
         codes = joint_code if probe == "joint" else features[probe]
         results.append(ProbeResult(probe, _lookup_accuracy(codes, labels, fit), majority, int(fit.sum()),
-                                   int((~fit).sum())))
+                                   int((~fit).sum()), segments))
     return results
 
 

@@ -33,7 +33,25 @@ MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 
 
 def _strip_accents(config: TokenizerConfig) -> bool:
-    return config.lowercase if config.strip_accents is None else config.strip_accents
+    """Only when asked: lowercasing alone keeps every mark (BERT's null-follows-lowercase deleted them)."""
+    return bool(config.strip_accents)
+
+
+def _wordpiece_normalizer(config: TokenizerConfig) -> Any:
+    """BERT's normalizer, whose cleaning also deleted ZWNJ/ZWJ (Persian and Indic spelling, emoji): the other
+    control and format characters are removed first, and whitespace made spaces, as its cleaning did."""
+    return normalizers.Sequence([
+        normalizers.Replace(Regex(r"[\p{C}\x{FFFD}&&[^\t\n\r\x{200C}\x{200D}]]"), ""),
+        normalizers.Replace(Regex(r"\s"), " "),
+        normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=True, strip_accents=_strip_accents(config),
+                                   lowercase=config.lowercase)])
+
+
+def lowercases(normalizer: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json normalizer (a Sequence or a single one) lowercases."""
+    if normalizer.get("type") == "Sequence":
+        return any(lowercases(step) for step in normalizer.get("normalizers", []))
+    return bool(normalizer.get("lowercase")) or normalizer.get("type") == "Lowercase"
 
 
 def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
@@ -42,9 +60,7 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     specials, unk = list(SPECIAL_TOKENS[config.kind].values()), SPECIAL_TOKENS[config.kind]["unk"]
     if config.kind == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
-        tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=_strip_accents(config),
-            lowercase=config.lowercase)
+        tokenizer.normalizer = _wordpiece_normalizer(config)
         # The trainer numbers continuation characters ("##e") in hash-map order, which changes the
         # tie-breaking of merges from run to run. Listing them (sorted) as extra special tokens fixes
         # their ids; `canonical` makes them ordinary vocabulary again after training.

@@ -17,6 +17,7 @@ from bertrain.config.validate import validate
 from bertrain.data.format import SPLITS, open_prepared
 from bertrain.data.prepare.documents import build_documents, resolve_inputs
 from bertrain.data.prepare.manifest import build_manifest
+from bertrain.data.prepare.normalization import measure_normalization
 from bertrain.data.prepare.pool import Workers
 from bertrain.data.prepare.report import report
 from bertrain.data.prepare.shards import build_shards, pending_shards
@@ -183,6 +184,7 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
         return None, pending
     existing = read_json(out / "manifest.json")
     if existing is None or existing.get("settings", {}).get("input_key") != plan.key:
+        stats = {**stats, "normalization": measure_normalization(out, load_tokenizer(out / "tokenizer"))}
         manifest = build_manifest(out, documents, stats, facts, plan.key, plan.settings, plan.sources,
                                   plan.counts, plan.skipped)
     else:

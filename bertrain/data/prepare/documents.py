@@ -17,6 +17,7 @@ from bertrain.data.prepare.empty_corpus import no_training_documents
 from bertrain.data.prepare.pool import Workers
 from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, shard_name
+from bertrain.data.sentences import require_splitter
 from bertrain.data.sources.lookup import resolve_source
 from bertrain.data.sources.normalize import normalize_batch
 from bertrain.data.sources.read import read_documents
@@ -37,6 +38,7 @@ def unaccounted_documents(counts: Counter) -> int:
 
 def resolve_inputs(config: PrepareConfig, counts: Counter, skipped: list) -> list[tuple[Any, list]]:
     """(source, its InputFiles) for every configured source; no sources at all is a usage error."""
+    require_splitter(config.sentence_splitter)
     if not config.sources:
         raise UsageError("No sources to prepare: list them under prepare.sources in the recipe or pass "
                          "--source PATH (repeatable).")
@@ -81,7 +83,7 @@ def raw_batches(inputs: list[tuple[Any, Any]], config: PrepareConfig, counts: Co
 def normalized_documents(batches: Iterator[list[tuple]], config: PrepareConfig, workers: Workers,
                          counts: Counter) -> Iterator[tuple[list[str], bytes]]:
     """(sentences, hash) of every raw document, normalized in the worker pool, in input order."""
-    args = (config.min_sentence_chars, config.max_line_chars)
+    args = (config.min_sentence_chars, config.max_line_chars, config.sentence_splitter, config.sentence_language)
     done = (normalize_batch(batch, *args) for batch in batches) if workers.count <= 1 else \
         _in_pool(workers, batches, args)
     for results, batch_counts in done:

@@ -12,6 +12,8 @@ from rich.table import Table
 from bertrain.data.format import open_prepared
 from bertrain.data.prepare.document_shape import document_shape, shape_rows, shape_warnings
 from bertrain.data.prepare.documents import DOCUMENT_SKIPS
+from bertrain.data.prepare.normalization import normalization_row_and_warning
+from bertrain.data.sentences import EXTRAS
 
 # Counts shown in the closing table only when nonzero, with their labels.
 OPTIONAL_ROWS = (("records_read", "records read (grouped by group_by)"),
@@ -24,7 +26,8 @@ OPTIONAL_ROWS = (("records_read", "records read (grouped by group_by)"),
                  ("sentences_split_long", "long sentences split"),
                  ("documents_cut_long", "long documents cut"),
                  ("sentences_short_dropped", "sentences dropped: too short"),
-                 ("sentences_empty_after_tokenizing", "sentences dropped: no tokens"))
+                 ("sentences_empty_after_tokenizing", "sentences dropped: no tokens"),
+                 ("paragraphs_thai_without_splitter", "Thai paragraphs split without pythainlp"))
 
 
 def directory_bytes(path: Path) -> int:
@@ -52,7 +55,8 @@ def _count_rows(manifest: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, timings: dict[str, float]) -> list[str]:
-    """Print the preparation's counts, skips, tokenizer, shape, size and time; return the short-document warnings."""
+    """Print the preparation's counts, skips, tokenizer, shape, size and time; return the warnings (changed
+    characters, short documents, Thai without its splitter)."""
     table = Table(title=f"Prepared {out}", show_header=True)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -66,6 +70,8 @@ def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, ti
     table.add_row("tokenizer", f"{tokenizer['kind']} ({tokenizer['word_marker']}), {tokenizer['vocab_size']:,} tokens")
     table.add_row(f"unknown-token rate ({stats.get('measured_on', '?')})", f"{stats.get('unk_rate', 0):.4%}")
     table.add_row(f"tokens per word ({stats.get('measured_on', '?')})", f"{stats.get('tokens_per_word', 0):.3f}")
+    normalization_row, warnings = normalization_row_and_warning(manifest["counts"], stats)
+    table.add_row(*normalization_row)
     table.add_row("output size", f"{directory_bytes(out) / 1e6:,.1f} MB")
     table.add_row("time", f"{seconds:,.1f} s" + (" (" + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()) + ")"
                                                    if timings else ""))
@@ -73,7 +79,12 @@ def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, ti
     if manifest.get("skipped_files"):
         names = ", ".join(f"{s['path']} ({s['reason']})" for s in manifest["skipped_files"][:10])
         console.print(f"Skipped files: {names}" + (" ..." if len(manifest["skipped_files"]) > 10 else ""))
-    warnings = shape_warnings(shape, manifest["sources"])
+    warnings += shape_warnings(shape, manifest["sources"])
+    thai = manifest["counts"].get("paragraphs_thai_without_splitter", 0)
+    if thai:
+        warnings.append(f"{thai:,} paragraphs of Thai text were split by punctuation rules only, and Thai marks no "
+                        f"sentence ends, so each stayed one sentence: install pythainlp (pip install "
+                        f"'{EXTRAS['pythainlp']}') and prepare again.")
     for warning in warnings:
         console.print(f"[yellow]Warning:[/] {escape(warning)}", soft_wrap=True, highlight=False)
     return warnings

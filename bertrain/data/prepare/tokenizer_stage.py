@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from bertrain.config import TokenizerConfig
 from bertrain.data.prepare.workdir import WORK
-from bertrain.data.tokenizer import save_tokenizer, tokenizer_kind, train_tokenizer
+from bertrain.data.tokenizer import lowercases, save_tokenizer, tokenizer_kind, train_tokenizer
 from bertrain.files import file_sha256
 from bertrain.tokenizer_file import load_tokenizer
 
@@ -58,7 +58,7 @@ def copy_tokenizer(tokenizer_path: str, target: Path, console: Any) -> dict[str,
     loaded = load_tokenizer(tokenizer_path)
     kind = tokenizer_kind(loaded)
     normalizer = json.loads(loaded.to_str()).get("normalizer") or {}
-    save_tokenizer(loaded, target, kind, lowercase=bool(normalizer.get("lowercase", False)))
+    save_tokenizer(loaded, target, kind, lowercase=lowercases(normalizer))
     console.print(f"Using the existing {kind} tokenizer {tokenizer_path} ({loaded.get_vocab_size():,} tokens).")
     return {"kind": kind, "vocab_size": loaded.get_vocab_size(), "source": str(tokenizer_path),
             "sha256": file_sha256(target / "tokenizer.json")}

@@ -15,7 +15,7 @@ from bertrain.config import PrepareConfig, TokenizerConfig
 from bertrain.errors import UsageError
 from bertrain.files import write_atomic
 
-STAGE_VERSION = 1            # bump when a change makes old intermediate outputs invalid
+STAGE_VERSION = 2            # bump when a change makes old intermediate outputs invalid (2: any-script sentences)
 WORK = "work"
 
 

@@ -7,19 +7,25 @@ from itertools import chain
 from typing import Iterator
 
 from bertrain.config import PrepareConfig, SourceConfig
-from bertrain.data.sentences import split_sentences
+from bertrain.data.sentences import SENTENCE_END, is_thai, split_by_rules
 from bertrain.data.sources.lookup import InputFile
 
-_TERMINAL = tuple(".!?…\"'”’)]")
+
+MAX_THAI_SENTENCE_CHARS = 300  # Thai marks no sentence ends: a line this short may be one (UD Thai: 99% are)
+
+
+def _ends_sentence(line: str) -> bool:
+    """Whether a line ends like a sentence: terminal punctuation of any script, or a short line of Thai."""
+    return line.endswith(SENTENCE_END) or (len(line) <= MAX_THAI_SENTENCE_CHARS and is_thai(line))
 
 
 def guess_text_layout(lines: list[str]) -> str:
     """`sentence_per_line` when nearly every line is one complete sentence, else `paragraphs`."""
-    nonblank = [line for line in lines if line.strip()]
+    nonblank = [line.rstrip() for line in lines if line.strip()]
     if not nonblank:
         return "paragraphs"
-    ends = sum(line.rstrip().endswith(_TERMINAL) for line in nonblank) / len(nonblank)
-    multi = sum(len(split_sentences(line)) > 1 for line in nonblank) / len(nonblank)
+    ends = sum(map(_ends_sentence, nonblank)) / len(nonblank)
+    multi = sum(len(split_by_rules(line)) > 1 for line in nonblank) / len(nonblank)
     return "sentence_per_line" if ends >= 0.8 and multi <= 0.2 else "paragraphs"
 
 
