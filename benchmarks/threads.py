@@ -26,19 +26,22 @@ from unpad import prepared_pydoc  # benchmarks/unpad.py: the pydoc DATA_DIR cach
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_tokens_per_s(config: str, data: Path, run_dir: Path, threads: str, steps: int, log_every: int) -> float:
-    """One pretrain run's trained tokens per second of wall time, from its metrics.jsonl."""
+def run_tokens_per_s(config: str, data: Path, run_dir: Path, threads: str, steps: int, log_every: int
+                     ) -> tuple[float, list[int]]:
+    """One pretrain run's trained tokens per second of wall time (from its metrics.jsonl), and the counts
+    `auto` chose (its "CPU threads: N" lines)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # auto keeps a count set there
     env.update(WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "bertrain", "pretrain", "--config", config, "--data", str(data),
+    result = subprocess.run([sys.executable, "-m", "bertrain", "pretrain", "--config", config, "--data", str(data),
                     "--run-dir", str(run_dir), "--resume", "never", "--set", f"train.threads={threads}",
                     "--set", f"train.max_steps={steps}", "--set", f"train.log_every={log_every}",
                     "--set", "train.eval_every=0", "--set", f"train.save_every={steps}", "--set", "logging.report=false"],
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+                   env=env, check=True, stdout=subprocess.PIPE, text=True)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     first, last = train[0], train[-1]  # from the first logged step: startup and first-call costs left out
-    return (last["tokens_seen"] - first["tokens_seen"]) / (last["time"] - first["time"])
+    chosen = [int(line.split()[2]) for line in result.stdout.splitlines() if line.startswith("CPU threads: ")]
+    return (last["tokens_seen"] - first["tokens_seen"]) / (last["time"] - first["time"]), chosen
 
 
 def main() -> None:
@@ -57,13 +60,16 @@ def main() -> None:
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if condition != "idle" else None
         try:
             rates: dict[str, list[float]] = {v: [] for v in variants}
+            chosen: list[list[int]] = []
             load = os.getloadavg()[0]
             with tempfile.TemporaryDirectory() as scratch:
                 for r in range(args.rounds):
                     for threads in (variants if r % 2 == 0 else variants[::-1]):
                         run_dir = Path(scratch) / f"{threads}-{r}"
-                        rates[threads].append(run_tokens_per_s(args.config, data, run_dir, threads, args.steps,
-                                                               args.log_every))
+                        rate, counts = run_tokens_per_s(args.config, data, run_dir, threads, args.steps,
+                                                        args.log_every)
+                        rates[threads].append(rate)
+                        chosen += [counts] if threads == "auto" else []
         finally:
             if hog is not None:
                 hog.kill()
@@ -73,6 +79,7 @@ def main() -> None:
         shown = ", ".join(f"threads={v} {median[v]:,.0f} ({' '.join(f'{x:,.0f}' for x in rates[v])})"
                           for v in variants)
         print(f"{condition} (load average {load:.2f} at the start): tokens/s {shown}; "
+              f"auto chose (per run) {'; '.join(' then '.join(map(str, c)) for c in chosen)}; "
               f"auto / best fixed (threads={best}) = {median['auto'] / median[best]:.2f}")
 
 

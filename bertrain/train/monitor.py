@@ -118,7 +118,8 @@ class Monitor(NullMonitor):
         self.live = console.is_terminal
         self.total_steps, self.clock = 0, (time.monotonic(), 0)
         self.eval_clock = (time.monotonic(), time.monotonic())  # (evaluation start, last line printed)
-        self.estimate, self.slow = 0.0, False  # tokens/s measured at the start (train/threads.py); said it's slow
+        # tokens/s measured at the start (train/threads.py); whether a train record was logged; said it's slow
+        self.estimate, self.logged, self.slow = 0.0, False, False
 
     def expect(self, tokens_per_s: float) -> None:
         """The throughput measured on one micro-batch: a logged one far below it is pointed out."""
@@ -175,7 +176,9 @@ class Monitor(NullMonitor):
             "mlm_loss", "mlm_accuracy", "sentence_accuracy")
         text = " ".join(f"{k}={record[k]:.0f}" if k == "tokens_per_s" else f"{k}={_short(record[k])}"
                         for k in keys if record.get(k) is not None)
-        note = slowness_note(record["tokens_per_s"], self.estimate) if kind == "train" else None
+        # The first window holds the first steps' one-time costs: compared from the second on.
+        note = slowness_note(record["tokens_per_s"], self.estimate) if kind == "train" and self.logged else None
+        self.logged = self.logged or kind == "train"
         if note and not self.slow:  # once each time it becomes slow
             self.warn(f"step {record['step']}: {note}.")
         self.slow = note is not None

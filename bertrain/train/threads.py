@@ -14,16 +14,16 @@ from typing import Callable
 import torch
 
 from bertrain.config import Config
-from bertrain.train.dry_run import forward_backward
+from bertrain.train.dry_run import MATMUL_SHARE, forward_backward, matmul_rate, training_flops
 from bertrain.train.monitor import SLOW_SHARE
 from bertrain.train.stream import TrainStream
 
 # The default count is kept unless another one is this much faster: on an idle machine nothing changes.
 KEEP_DEFAULT_WITHIN = 1.15
 PROBE_PASS_SECONDS = 0.5     # a probe on a larger micro-batch runs on fewer of its sequences
-PROBE_SIZING_ROWS = 4        # sequences of the two passes that size the probe
 RECHECK_SECONDS = 120.0      # auto measures again this often (the load of a shared machine changes) ...
 SLOW_RECHECK_SECONDS = 20.0  # ... and this soon after a logged throughput fell below SLOW_SHARE of the estimate
+SKIP_BEYOND = 2.0            # a count whose pass took this many times the fastest is not timed a second time
 
 
 @dataclass
@@ -74,35 +74,26 @@ class ThreadTuner:
     """Measures one micro-batch (its own copy, the torch RNG untouched) at each candidate count and sets the
     fastest; `estimate` is the best throughput measured, in tokens/s, what the progress line compares with."""
 
-    def __init__(self, plan: ThreadPlan, model, accelerator, batch: dict, clock: Callable[[], float] = time.monotonic,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
-        """`clock` paces the re-measurements, `timer` times the passes (tests pass their own)."""
+    def __init__(self, plan: ThreadPlan, model, accelerator, batch: dict, seconds_per_row: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
+        """`seconds_per_row`: a pass's expected time per sequence (a larger micro-batch is probed on part of it);
+        `clock` paces the re-measurements, `timer` times the passes (tests pass their own)."""
         self.plan, self.model, self.accelerator, self.clock, self.timer = plan, model, accelerator, clock, timer
         self.default = plan.candidates[0]
-        if plan.auto:  # a large micro-batch: probe on part of it (time per sequence measured on a few)
-            rows = probe_rows(self._seconds_per_row(batch), len(batch["input_ids"]))
+        if plan.auto:
+            rows = probe_rows(seconds_per_row, len(batch["input_ids"]))
             if rows < len(batch["input_ids"]):  # the model makes the part's layout
                 batch = {k: v[:rows] for k, v in batch.items() if k != "layout"}
         self.batch = batch
         self.tokens = int(self.batch["attention_mask"].sum()) if "attention_mask" in self.batch else \
             self.batch["input_ids"].numel()
         self.threads, self.estimate, self.last_probe, self.warmed = self.default, 0.0, -math.inf, False
-        self.slow = False  # the last throughput logged since the last probe was far below the estimate
-
-    def _seconds_per_row(self, batch: dict) -> float:
-        """One pass's time per sequence on PROBE_SIZING_ROWS of `batch` (after a warm-up pass on them)."""
-        part = {k: v[:PROBE_SIZING_ROWS] for k, v in batch.items() if k != "layout"}
-        with torch.random.fork_rng(devices=[]):  # the run's dropout draws stay the same
-            forward_backward(self.model, self.accelerator, part)
-            begin = self.timer()
-            forward_backward(self.model, self.accelerator, part)
-            seconds = self.timer() - begin
-        self.model.zero_grad(set_to_none=True)
-        return seconds / len(part["input_ids"])
+        self.slow = self.was_slow = False  # the throughput became far below the estimate (since the last probe)
 
     def observe(self, tokens_per_s: float) -> None:
-        """A logged throughput: far below the estimate, auto measures again sooner."""
-        self.slow = tokens_per_s < SLOW_SHARE * self.estimate
+        """A logged throughput: once it falls far below the estimate, auto measures again sooner."""
+        slow = tokens_per_s < SLOW_SHARE * self.estimate
+        self.slow, self.was_slow = self.slow or (slow and not self.was_slow), slow
 
     def due(self) -> bool:
         """Whether to measure again now: auto only, every RECHECK_SECONDS, or SLOW_RECHECK_SECONDS after a slow log."""
@@ -127,14 +118,18 @@ class ThreadTuner:
                f"sequence(s): {times})"
 
     def measure(self) -> dict[int, list[float]]:
-        """Pass times per candidate, alternated (default first and last) so a change of load hits all alike."""
+        """Pass times per candidate, alternated (the current count first and last) so that a change of load hits
+        all alike; a count far slower than the fastest (SKIP_BEYOND) gets one pass, not two."""
         with torch.random.fork_rng(devices=[]):
             if not self.warmed:  # the first pass at a shape allocates and picks kernels: not timed
                 forward_backward(self.model, self.accelerator, self.batch)
                 self.warmed = True
             seconds: dict[int, list[float]] = {threads: [] for threads in self.plan.candidates}
-            order = self.plan.candidates + self.plan.candidates[::-1] if self.plan.auto else self.plan.candidates
-            for threads in order:  # two passes each: default, fewer, ..., fewer, default
+            order = [self.threads] + [threads for threads in self.plan.candidates if threads != self.threads]
+            for threads in order + order[::-1] if self.plan.auto else order:
+                fastest = min((t for times in seconds.values() for t in times), default=math.inf)
+                if seconds[threads] and seconds[threads][0] > SKIP_BEYOND * fastest:
+                    continue
                 torch.set_num_threads(threads)
                 begin = self.timer()
                 forward_backward(self.model, self.accelerator, self.batch)
@@ -149,7 +144,14 @@ def start_tuner(plan: ThreadPlan, model, accelerator, config: Config, prepared, 
     """The tuner of a one-process CPU run, measured once on the run's first micro-batch (as the dry run does)."""
     stream = TrainStream(prepared, config.data, seed=config.train.seed, micro_batch_size=micro_batch_size, rank=0,
                          world_size=1, epoch=0, micro_batch=0)
-    tuner = ThreadTuner(plan, model, accelerator, stream.next())
+    one_thread = 0.0
+    if plan.auto:  # by FLOPs at one thread's matmul rate: an upper bound that another process hardly changes
+        with torch.random.fork_rng(devices=[]):  # the run's dropout draws stay the same
+            torch.set_num_threads(1)
+            one_thread = matmul_rate(accelerator) * MATMUL_SHARE
+            torch.set_num_threads(plan.candidates[0])
+    flops = training_flops(config.model, 1, config.data.max_seq_length, config.data.mlm_probability)
+    tuner = ThreadTuner(plan, model, accelerator, stream.next(), flops / one_thread if one_thread else 0.0)
     line = tuner.probe()
     if line:
         message(line)
