@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,11 +33,11 @@ def run_tokens_per_s(config: str, data: Path, run_dir: Path, threads: str, steps
     `auto` chose (its "CPU threads: N" lines)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # auto keeps a count set there
     env.update(WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-m", "bertrain", "pretrain", "--config", config, "--data", str(data),
-                    "--run-dir", str(run_dir), "--resume", "never", "--set", f"train.threads={threads}",
-                    "--set", f"train.max_steps={steps}", "--set", f"train.log_every={log_every}",
-                    "--set", "train.eval_every=0", "--set", f"train.save_every={steps}", "--set", "logging.report=false"],
-                   env=env, check=True, stdout=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "bertrain", "pretrain", "--config", config, "--data", str(data),
+               "--run-dir", str(run_dir), "--resume", "never", "--set", f"train.threads={threads}",
+               "--set", f"train.max_steps={steps}", "--set", f"train.log_every={log_every}",
+               "--set", "train.eval_every=0", "--set", f"train.save_every={steps}", "--set", "logging.report=false"]
+    result = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     first, last = train[0], train[-1]  # from the first logged step: startup and first-call costs left out
@@ -51,13 +52,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60, help="Steps per run.")
     parser.add_argument("--log-every", type=int, default=5)
+    parser.add_argument("--conditions", default="idle,busy", help="idle, busy (one competing busy process) or both.")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` still ends the busy process (finally)
 
     data = Path(args.data) if args.data else prepared_pydoc(Path(tempfile.gettempdir()) / "bertrain-bench-pydoc")
     variants = ("1", "2", "auto")
     print(f"{args.config}, {args.steps} steps per run, {args.rounds} alternated rounds, {os.cpu_count()} cores")
-    for condition in ("idle", "one busy process"):
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if condition != "idle" else None
+    for condition in args.conditions.split(","):
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if condition == "busy" else None
         try:
             rates: dict[str, list[float]] = {v: [] for v in variants}
             chosen: list[list[int]] = []
@@ -78,7 +81,7 @@ def main() -> None:
         best = max(("1", "2"), key=median.get)
         shown = ", ".join(f"threads={v} {median[v]:,.0f} ({' '.join(f'{x:,.0f}' for x in rates[v])})"
                           for v in variants)
-        print(f"{condition} (load average {load:.2f} at the start): tokens/s {shown}; "
+        print(f"{condition if hog is None else 'one busy process'} (load average {load:.2f} at the start): tokens/s {shown}; "
               f"auto chose (per run) {'; '.join(' then '.join(map(str, c)) for c in chosen)}; "
               f"auto / best fixed (threads={best}) = {median['auto'] / median[best]:.2f}")
 

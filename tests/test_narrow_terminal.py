@@ -13,7 +13,8 @@ from bertrain.demo import DemoResult, print_summary
 from bertrain.train.monitor import Monitor, progress_bar
 
 METRICS = "loss=7.6515 mlm_accuracy=0.0525 lr=0.00283 tokens_per_s=18833"
-LONG_PATH = "/home/someone/projects/pretraining-experiments/" + "a-rather-long-run-name-" * 3 + "/checkpoints/step-00001200"
+LONG_PATH = ("/home/someone/projects/pretraining-experiments/" + "a-rather-long-run-name-" * 3
+             + "/checkpoints/step-00001200")
 
 
 def terminal(width: int) -> Console:

@@ -88,7 +88,7 @@ def slowness_note(tokens_per_s: float, estimate: float) -> str | None:
     if estimate <= 0 or tokens_per_s >= SLOW_SHARE * estimate:
         return None
     return (f"running at {tokens_per_s / estimate:.1f}x the estimate ({tokens_per_s:,.0f} of {estimate:,.0f} "
-            f"tokens/s measured on one micro-batch at the start): other processes use the CPU (train.threads)")
+            f"tokens/s measured on one micro-batch): other processes use the CPU (train.threads)")
 
 
 class NullMonitor:
