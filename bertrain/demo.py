@@ -340,7 +340,7 @@ def _number(value: Optional[float]) -> str:
 def _table(title: str, first: str, second: str, justify: str = "left") -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column(first, style="cyan")
-    table.add_column(second, justify=justify, style="green")
+    table.add_column(second, justify=justify, style="green", overflow="fold")  # a long path shown whole, folded
     return table
 
 

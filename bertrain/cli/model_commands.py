@@ -70,7 +70,7 @@ def export(
     warn_skipped(result["skipped"])
     table = Table(title=f"Exported to {result['out_dir']}")
     table.add_column("item", style="cyan")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # the checkpoint's RUN_DIR: a long path shown whole, folded
     if result["checkpoint"] is not None:
         table.add_row("checkpoint", result["checkpoint"].name)
         table.add_row("from", str(result["checkpoint"].parent.parent))

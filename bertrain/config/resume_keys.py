@@ -3,10 +3,10 @@ them). Torch-free, so that the CLI's `--force` help is written from them."""
 
 from __future__ import annotations
 
-# Prefixes of keys that may change freely: they do not change what the run computes (train.compile and
-# model.unpad change only the order of floating-point sums: the same maths, equal up to float32 rounding).
+# Prefixes of keys that may change freely: they do not change what the run computes (train.compile, train.threads
+# and model.unpad change only the order of floating-point sums: the same maths, equal up to float32 rounding).
 FREE_KEYS = ("train.output_dir", "train.save_every", "train.eval_every", "train.log_every", "train.keep_last",
-             "train.max_bad_steps", "train.requeue_exit_code", "train.compile", "train.stop_at_step",
+             "train.max_bad_steps", "train.requeue_exit_code", "train.compile", "train.threads", "train.stop_at_step",
              "logging.", "data.path", "data.num_workers", "data.eval_batches", "model.gradient_checkpointing",
              "model.unpad", "model.init_from", "model.initializer_range", "tokenizer.")
 # The budget: a longer one is free (the schedule's decay is recomputed for it); any other change needs --force.

@@ -162,6 +162,16 @@ class TrainConfig:
                                  "requeue (after Ctrl-C: 130).")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (exact resume tests use it).")
     compile: bool = opt(False, "torch.compile the model (slow start, faster steps on GPU).")
+    threads: Union[int, Literal["auto"]] = opt(
+        "auto", "Intra-op CPU threads of a CPU run (torch.set_num_threads). `auto` (default): on a CPU, one "
+        "forward + backward of a micro-batch is timed at torch's default count (the cores) and at fewer threads "
+        "when the run starts, every 2 minutes and soon after the throughput drops, and the run uses the fastest, "
+        "keeping the default unless another is over 15% faster: where another process keeps a core busy, "
+        "the threads of every operation wait for the one whose core is taken (on 2 cores, 3-5x slower than 1 "
+        "thread); on an idle machine nothing changes. `auto` leaves torch's count alone on a GPU, when "
+        "OMP_NUM_THREADS is set (`bertrain launch` and torchrun set it per process) and with train.deterministic "
+        "(the count changes float rounding; set a number to get the same bits in every session). A number sets "
+        "that count everywhere.")
     stop_at_step: Optional[int] = opt(
         None, "Save and stop (exit 0) after this step without changing the schedule: splits a run into jobs; "
         "resume with the same config.")

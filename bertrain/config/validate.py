@@ -99,6 +99,8 @@ def _validate_train(train: TrainConfig) -> None:
     for key in ("save_every", "log_every", "keep_last", "max_bad_steps"):
         _require(getattr(train, key) >= 1, f"train.{key}", "at least 1", getattr(train, key))
     _require(train.eval_every >= 0, "train.eval_every", "0 (never) or more", train.eval_every)
+    if train.threads != "auto":
+        _require(train.threads >= 1, "train.threads", "at least 1, or auto", train.threads)
     _require(1 <= train.requeue_exit_code <= 255, "train.requeue_exit_code", "an exit code from 1 to 255",
              train.requeue_exit_code)
 

@@ -53,6 +53,9 @@ def check_resume(config: str, overrides: list[str], data_dir: str | None, consol
 def _run_stage(console, title: str, command: list[str]) -> None:
     console.print(f"  {title} …", highlight=False)
     env = dict(os.environ, WANDB_MODE="disabled")
+    # One thread count for all three runs: `train.threads: auto` could choose differently in each (another
+    # process's load), and the count changes float rounding. A number in the config still applies.
+    env.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if result.returncode != 0:
         tail = "\n".join(result.stdout.strip().splitlines()[-15:])

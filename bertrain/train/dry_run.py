@@ -55,22 +55,24 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def forward_backward(model, accelerator, batch: dict) -> None:
+    """One forward + backward pass of `batch` on the process's device, in the run's autocast, waited for."""
+    device = accelerator.device
+    model.to(device).train()
+    with accelerator.autocast():
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+    loss.backward()
+    _synchronize(device)
+
+
 def measure_micro_batch(model, accelerator, batch: dict, warmup_rows: int = 1) -> float:
     """Seconds of one forward + backward pass of `batch`, after a warm-up pass on its first `warmup_rows`
     sequences (first-call allocations and kernel choice stay out of the measurement); no optimizer step."""
-    device = accelerator.device
-    model.to(device).train()
-
-    def forward_backward(part: dict) -> None:
-        with accelerator.autocast():
-            loss = model(**{k: v.to(device) for k, v in part.items()}).loss
-        loss.backward()
-        _synchronize(device)
-
-    forward_backward({k: v[:warmup_rows] for k, v in batch.items() if k != "layout"})  # the model makes its layout
+    # The model makes the warm-up part's layout.
+    forward_backward(model, accelerator, {k: v[:warmup_rows] for k, v in batch.items() if k != "layout"})
     model.zero_grad(set_to_none=True)
     begin = time.perf_counter()
-    forward_backward(batch)
+    forward_backward(model, accelerator, batch)
     seconds = time.perf_counter() - begin
     model.zero_grad(set_to_none=True)
     return seconds

@@ -36,6 +36,7 @@ from bertrain.train.setup import build_accelerator, resolve_run_config, schedule
 from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
 from bertrain.train.step import NonFiniteWatch, StepResult, optimizer_step, train_step
 from bertrain.train.stream import TrainStream
+from bertrain.train.threads import ThreadTuner, plan_threads, start_tuner
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Parts:
     state: TrainState
     monitor: Monitor | NullMonitor
     micro_batch_size: int
+    tuner: ThreadTuner | None = None  # train.threads on a one-process CPU run
 
 
 @dataclass
@@ -88,14 +90,20 @@ class Trainer:
         """Set up (resume or start), then train until the budget, a signal or train.stop_at_step."""
         install_handlers()
         watch_parent()  # under torchrun / accelerate launch: a SIGTERM (save, exit 75) if the launcher dies
-        with contextlib.ExitStack() as self._held:  # RUN_DIR's lock, taken by checkpoint.agree_on_checkpoint
-            return self._run(dry_run)
+        threads = torch.get_num_threads()
+        try:
+            with contextlib.ExitStack() as self._held:  # RUN_DIR's lock, taken by checkpoint.agree_on_checkpoint
+                return self._run(dry_run)
+        finally:
+            torch.set_num_threads(threads)  # train.threads is this run's (in-process callers keep theirs)
 
     def _run(self, dry_run: bool) -> int:
         config, train = self.config, self.config.train
         self.accelerator = accelerator = build_accelerator(train)
         rank, world, is_main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
         micro_batch_size = micro_batch_size_for(config, world)
+        self.thread_plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=world,
+                                        deterministic=train.deterministic)
         if train.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -208,6 +216,10 @@ class Trainer:
         train, accelerator, state = self.config.train, self.accelerator, parts.state
         parts.model.train()
         session = Session(start_step=state.step)
+        if self.thread_plan is not None:
+            parts.tuner = start_tuner(self.thread_plan, parts.model, accelerator, self.config, self.prepared,
+                                      parts.micro_batch_size, parts.monitor.message)
+            parts.monitor.expect(parts.tuner.estimate)
         parts.monitor.start(state.step, state.total_steps)
         parts.monitor.event("start", state.step, total_steps=state.total_steps, parameters=num_parameters,
                             processes=accelerator.num_processes, device=str(accelerator.device))
@@ -254,6 +266,13 @@ class Trainer:
     def _one_step(self, parts: Parts, session: Session) -> bool:
         """One optimizer step (or a skipped one) and what follows it; True when the run must stop here."""
         state, accelerator = parts.state, self.accelerator
+        if parts.tuner is not None and parts.tuner.due():  # train.threads: auto, measured again
+            began = time.time()
+            line = parts.tuner.probe()
+            if line:
+                parts.monitor.message(line)
+            parts.monitor.expect(parts.tuner.estimate)
+            session.window_time += time.time() - began  # not training time
         batches = [parts.stream.next() for _ in range(self.config.train.gradient_accumulation_steps)]
         lr = parts.scheduler.get_last_lr()[0]
         fault_hooks.fire("SIGNAL_AT_STEP", state.step + 1)
@@ -348,6 +367,8 @@ class Trainer:
             "samples_per_s": session.window_samples / elapsed, "tokens_seen": state.tokens_seen,
             "samples_seen": state.samples_seen}
         parts.monitor.log(session.last_record)
+        if parts.tuner is not None:
+            parts.tuner.observe(session.last_record["tokens_per_s"])
         session.window_time, session.window_tokens, session.window_samples = time.time(), 0, 0
 
     def _summary(self, state: TrainState, session: Session) -> dict:

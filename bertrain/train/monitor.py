@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
-from rich.table import Table
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Column, Table
+from rich.text import Text
 
 from bertrain import rundir
 from bertrain.config import Config, LoggingConfig, to_dict
@@ -23,6 +24,7 @@ from bertrain.errors import DataError
 from bertrain.files import write_atomic
 
 EVAL_LINE_SECONDS = 30.0  # off a terminal, a long evaluation says where it is this often
+SLOW_SHARE = 0.5  # a throughput below this share of the one measured at the start is pointed out
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -81,10 +83,19 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+def slowness_note(tokens_per_s: float, estimate: float) -> str | None:
+    """What the progress says when the throughput is far below the estimate measured at the start."""
+    if estimate <= 0 or tokens_per_s >= SLOW_SHARE * estimate:
+        return None
+    return (f"running at {tokens_per_s / estimate:.1f}x the estimate ({tokens_per_s:,.0f} of {estimate:,.0f} "
+            f"tokens/s measured on one micro-batch): other processes use the CPU (train.threads)")
+
+
 class NullMonitor:
     """What non-zero ranks use: every call does nothing."""
 
     def start(self, *args: Any, **kwargs: Any) -> None: ...
+    def expect(self, *args: Any, **kwargs: Any) -> None: ...
     def log(self, *args: Any, **kwargs: Any) -> None: ...
     def event(self, *args: Any, **kwargs: Any) -> None: ...
     def advance(self, *args: Any, **kwargs: Any) -> None: ...
@@ -107,16 +118,19 @@ class Monitor(NullMonitor):
         self.live = console.is_terminal
         self.total_steps, self.clock = 0, (time.monotonic(), 0)
         self.eval_clock = (time.monotonic(), time.monotonic())  # (evaluation start, last line printed)
+        # tokens/s measured at the start (train/threads.py); whether a train record was logged; said it's slow
+        self.estimate, self.logged, self.slow = 0.0, False, False
+
+    def expect(self, tokens_per_s: float) -> None:
+        """The throughput measured on one micro-batch: a logged one far below it is pointed out."""
+        self.estimate = tokens_per_s
 
     def start(self, start_step: int, total_steps: int) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.total_steps, self.clock = total_steps, (time.monotonic(), start_step)
         self.wandb_run = init_wandb(self.config.logging, self.run_dir, to_dict(self.config), self.warn)
         if self.live:
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                console=self.console, transient=False)
+            self.progress = progress_bar(self.console)
             self.progress.start()
             self.task = self.progress.add_task("train", total=total_steps, completed=start_step, metrics="")
 
@@ -162,6 +176,12 @@ class Monitor(NullMonitor):
             "mlm_loss", "mlm_accuracy", "sentence_accuracy")
         text = " ".join(f"{k}={record[k]:.0f}" if k == "tokens_per_s" else f"{k}={_short(record[k])}"
                         for k in keys if record.get(k) is not None)
+        # The first window holds the first steps' one-time costs: compared from the second on.
+        note = slowness_note(record["tokens_per_s"], self.estimate) if kind == "train" and self.logged else None
+        self.logged = self.logged or kind == "train"
+        if note and not self.slow:  # once each time it becomes slow
+            self.warn(f"step {record['step']}: {note}.")
+        self.slow = note is not None
         if self.progress is not None and kind == "train":
             self.progress.update(self.task, metrics=text)
         elif self.progress is not None:
@@ -203,10 +223,32 @@ class Monitor(NullMonitor):
         if summary:
             table = Table(title="pretrain summary")
             table.add_column("", style="cyan")
-            table.add_column("value", style="green", justify="right")
+            table.add_column("value", style="green", justify="right", overflow="fold")  # a long path: whole
             for key, value in summary.items():
                 table.add_row(key, _short(value))
             self.console.print(table)
+
+
+class MetricsColumn(TextColumn):
+    """The progress line's metrics: the one column that gives way in a narrow terminal, cut at its end."""
+
+    def __init__(self) -> None:
+        # A wrappable column is the one rich's table narrows first; the text itself never wraps to a second line.
+        super().__init__("{task.fields[metrics]}", table_column=Column(no_wrap=False, overflow="ellipsis"))
+
+    def render(self, task) -> Text:
+        text = super().render(task)
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
+
+
+def progress_bar(console: Console) -> Progress:
+    """Step / total, %, elapsed time and ETA, never cut (no_wrap), then the metrics, which give way to them."""
+    fixed = {"table_column": Column(no_wrap=True)}
+    return Progress(TextColumn("[bold]{task.description}", **fixed), MofNCompleteColumn(**fixed),
+                    TaskProgressColumn(**fixed), BarColumn(bar_width=16, **fixed), TimeElapsedColumn(**fixed),
+                    TextColumn("ETA", **fixed), TimeRemainingColumn(**fixed), MetricsColumn(),
+                    console=console, transient=False)
 
 
 def init_wandb(config: LoggingConfig, run_dir: Path, tree: dict, warn: Callable[[str], None]) -> Any:
