@@ -26,14 +26,12 @@ class ClassifierOutput:
     loss: torch.Tensor | None = None
 
 
-def should_pack(attention_mask: torch.Tensor, hidden_size: int, unpad: str = "auto") -> bool:
+def should_pack(padding_share: float, hidden_size: int, unpad: str = "auto") -> bool:
     """Whether a right-padded batch runs packed (real tokens only): model.unpad's rule (config/schema.py)."""
-    if unpad in ("false", False):
+    if padding_share <= 0 or unpad == "false":
         return False
-    share = 1.0 - float(attention_mask.float().mean())
-    if unpad in ("true", True):
-        return share > 0
-    return share > 0 and (share >= AUTO_MIN_PADDING_SHARE or share * hidden_size >= AUTO_MIN_PADDED_WIDTH)
+    return unpad == "true" or padding_share >= AUTO_MIN_PADDING_SHARE or \
+        padding_share * hidden_size >= AUTO_MIN_PADDED_WIDTH
 
 
 class SequenceClassifier(nn.Module):

@@ -9,9 +9,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from bertrain import rundir
+from bertrain.errors import DataError
 from bertrain.files import honour_umask
+from bertrain.model import PreTrainingModel
 from bertrain.model.classifier import ALBERT_CLASSIFIER_DROPOUT, SequenceClassifier
-from bertrain.model.hf import HF_WEIGHTS, _pad_token_id, hf_config, name_map, write_tokenizer_files
+from bertrain.model.from_checkpoint import model_from_checkpoint
+from bertrain.model.hf import HF_WEIGHTS, _pad_token_id, hf_config, import_hf, name_map, write_tokenizer_files
 
 ENCODER_PARTS = ("embeddings.", "encoder.", "pooler.")
 
@@ -54,3 +58,20 @@ def export_classifier(model: SequenceClassifier, out_dir: str | Path, tokenizer_
     honour_umask(out / HF_WEIGHTS)
     write_tokenizer_files(tokenizer_dir, out, model.config.max_position_embeddings)
     return out
+
+
+def load_pretrained(path: str | Path, skipped: list[tuple[Path, str]] | None = None
+                    ) -> tuple[PreTrainingModel, Path, str]:
+    """(model, tokenizer dir, what was loaded) for a transformers BERT/ALBERT dir, a checkpoint dir or a RUN_DIR (its
+    newest valid checkpoint; the newer invalid ones to `skipped`). The description names the checkpoint chosen."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        model, _ = import_hf(path)
+        tokenizer, loaded = rundir.find_tokenizer_dir(path), path
+    else:
+        model, _, loaded = model_from_checkpoint(path, skipped)
+        tokenizer = rundir.find_tokenizer_dir(loaded)
+    if tokenizer is None:
+        raise DataError(f"No tokenizer.json found for {path} (looked in the dir, its tokenizer/ and RUN_DIR/tokenizer). "
+                        "A downloaded model needs its tokenizer.json (fast tokenizer) next to config.json.")
+    return model, tokenizer, str(loaded.resolve())

@@ -1,0 +1,275 @@
+"""`bertrain evaluate`: metrics against scipy and closed forms, task files in every format, GLUE's own layout,
+recipes, results over seeds, continuing an interrupted evaluation, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from bertrain.config.finetune import FinetuneConfig, finetune_config
+from bertrain.data.task_files import read_examples
+from bertrain.data.tasks import GLUE, resolve_tasks
+from bertrain.errors import ConfigError, DataError, UsageError
+from bertrain.train import downstream
+from bertrain.train.downstream_results import comparison, read_results, rows
+from bertrain.train.scores import accuracy, f1, matthews, pearson, score, spearman, summarize
+from tests.helpers import ROOT, pretrain_env
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+WORDS = ("alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "light", "music", "paper", "green", "table")
+
+
+# ---- metrics ----
+
+
+def test_metrics_match_scipy_and_closed_forms():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=200), rng.normal(size=200)
+    y_tied = np.round(y, 1)  # many ties: ranks must be averaged as scipy does
+    assert pearson(x, y) == pytest.approx(scipy_stats.pearsonr(x, y)[0], abs=1e-12)
+    assert spearman(x, y_tied) == pytest.approx(scipy_stats.spearmanr(x, y_tied)[0], abs=1e-12)
+    labels, predictions = rng.integers(0, 2, 300), rng.integers(0, 2, 300)
+    predictions[:150] = labels[:150]
+    tp = np.sum((predictions == 1) & (labels == 1))
+    tn = np.sum((predictions == 0) & (labels == 0))
+    fp = np.sum((predictions == 1) & (labels == 0))
+    fn = np.sum((predictions == 0) & (labels == 1))
+    assert matthews(predictions, labels) == pytest.approx(
+        (tp * tn - fp * fn) / np.sqrt(float((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))), abs=1e-12)
+    precision, recall = tp / (tp + fp), tp / (tp + fn)
+    assert f1(predictions, labels) == pytest.approx(2 * precision * recall / (precision + recall), abs=1e-12)
+    assert accuracy(predictions, labels) == pytest.approx((tp + tn) / 300)
+
+
+def test_multiclass_matthews_is_the_correlation_of_one_hot_labels():
+    rng = np.random.default_rng(1)
+    labels, predictions = rng.integers(0, 3, 500), rng.integers(0, 3, 500)
+    predictions[:300] = labels[:300]
+    x, y = np.eye(3)[predictions], np.eye(3)[labels]
+    x, y = x - x.mean(0), y - y.mean(0)
+    expected = (x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum())  # Gorodkin's R_K
+    assert matthews(predictions, labels) == pytest.approx(expected, abs=1e-12)
+
+
+def test_degenerate_metrics_are_zero_not_nan():
+    constant = np.zeros(10, dtype=int)
+    assert matthews(constant, np.r_[np.zeros(5), np.ones(5)].astype(int)) == 0.0
+    assert f1(constant, constant) == 0.0
+    assert pearson(np.ones(4), np.arange(4.0)) == 0.0
+
+
+def test_score_takes_logits_or_regression_outputs_and_summary_is_over_seeds():
+    logits = np.array([[0.1, 0.9], [2.0, -1.0], [0.0, 1.0]])
+    assert score("accuracy", logits, np.array([1, 0, 0])) == pytest.approx(2 / 3)
+    assert score("pearson", np.array([[1.0], [2.0], [3.5]]), np.array([1.0, 2.0, 3.0])) > 0.98
+    summary = summarize([0.5, 0.7, 0.6, 0.9, 0.1])
+    assert summary == pytest.approx({"median": 0.6, "mean": 0.56, "std": float(np.std([.5, .7, .6, .9, .1], ddof=1)),
+                                     "min": 0.1, "max": 0.9})
+    assert summarize([0.3])["std"] == 0.0
+
+
+# ---- task files ----
+
+
+def sentence(rng, n=6) -> str:
+    return " ".join(rng.choice(WORDS, n))
+
+
+def task_records(count: int, seed: int) -> list[dict]:
+    """Pairs labelled by whether 'river' is in the first sentence: learnable from token identity."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(count):
+        first = sentence(rng)
+        label = int("river" in first.split())
+        records.append({"sentence1": first, "sentence2": sentence(rng, 3), "label": ["no", "yes"][label],
+                        "score": float(label) + 0.1 * (i % 3)})
+    return records
+
+
+def write_records(path: Path, records: list[dict]) -> Path:
+    suffix = path.suffix
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif suffix in (".csv", ".tsv"):
+        import csv
+
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(records[0]), delimiter="\t" if suffix == ".tsv" else ",")
+            writer.writeheader()
+            writer.writerows(records)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+def write_task(folder: Path, suffix: str = ".jsonl", train_rows: int = 48, dev_rows: int = 24, **keys) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_records(folder / f"train{suffix}", task_records(train_rows, 0))
+    write_records(folder / f"dev{suffix}", task_records(dev_rows, 1))
+    spec = {"name": "river", "train": f"train{suffix}", "validation": f"dev{suffix}",
+            "text": ["sentence1", "sentence2"], "label": "label", "kind": "classification", "metric": "accuracy",
+            **keys}
+    path = folder / "task.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv", ".parquet"])
+def test_task_files_of_every_format_read_alike(tmp_path, suffix):
+    (task,) = resolve_tasks(str(write_task(tmp_path / suffix.strip("."), suffix)), None)
+    train, validation = task.load()
+    records = task_records(48, 0)
+    assert task.labels == ["no", "yes"] and task.metrics == ("accuracy",)
+    assert train.texts == [(r["sentence1"], r["sentence2"]) for r in records]
+    assert train.labels == [["no", "yes"].index(r["label"]) for r in records]
+    assert len(validation["dev"]) == 24
+
+
+def test_regression_task_and_its_recipe_section(tmp_path):
+    path = write_task(tmp_path, label="score", kind="regression", metric="pearson_spearman",
+                      finetune={"epochs": 7, "lr": 5e-5})
+    (task,) = resolve_tasks(str(path), None)
+    train, _ = task.load()
+    assert task.num_labels == 1 and task.metrics == ("pearson", "spearman")
+    assert train.labels[:3] == [r["score"] for r in task_records(3, 0)]
+    recipe = finetune_config(task.recipe, ["finetune.lr=1e-5"])
+    assert (recipe.epochs, recipe.lr, recipe.batch_size) == (7, 1e-5, 32)  # task file, then --set, then defaults
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"labl": "label"}, "Did you mean 'label'?"),
+    ({"metric": "pearson_spearman"}, "does not fit kind"),
+    ({"text": ["a", "b", "c"]}, "give one or two"),
+    ({"train": ""}, "'train' is not set"),
+    ({"finetune": {"lr": -1}}, "finetune.lr"),
+])
+def test_bad_task_files_name_the_file_and_key(tmp_path, change, expected):
+    path = write_task(tmp_path, **change)
+    with pytest.raises(ConfigError) as error:
+        resolve_tasks(str(path), None)[0].load()
+    assert expected in str(error.value) and str(path) in str(error.value)
+
+
+def test_bad_rows_name_the_file_and_line(tmp_path):
+    path = write_task(tmp_path)
+    lines = (tmp_path / "dev.jsonl").read_text().splitlines()
+    lines[2] = json.dumps({"sentence1": "a", "sentence2": "b", "label": "maybe"})
+    (tmp_path / "dev.jsonl").write_text("\n".join(lines) + "\n")
+    (task,) = resolve_tasks(str(path), None)
+    with pytest.raises(DataError, match=r"dev.jsonl:3: label 'maybe' is not one of the task's labels"):
+        task.load()
+    lines[2] = json.dumps({"sentence1": "a", "label": "no"})
+    (tmp_path / "dev.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"dev.jsonl:3: no value in column 'sentence2'"):
+        task.load()
+    lines[2] = "{not json"
+    (tmp_path / "dev.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"dev.jsonl:3: not valid JSON"):
+        task.load()
+    regression = write_task(tmp_path / "r", label="sentence2", kind="regression", metric="pearson_spearman")
+    with pytest.raises(DataError, match=r"train.jsonl:1: label '.*' is not a number"):
+        resolve_tasks(str(regression), None)[0].load()
+
+
+def test_unknown_task_names_and_duplicates_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="neither a GLUE task"):
+        resolve_tasks("rtee", None)
+    with pytest.raises(ConfigError, match="more than once"):
+        resolve_tasks("rte,RTE", None)
+
+
+# ---- GLUE in its own layout ----
+
+
+def write_glue(root: Path, rows: int = 12) -> Path:
+    """Tiny files in the layout of GLUE's download_glue_data.py (CoLA has no header; MNLI two dev files)."""
+    rng = np.random.default_rng(2)
+
+    def tsv(path: Path, header: list[str] | None, make) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = ([("\t".join(header))] if header else []) + ["\t".join(make(i)) for i in range(rows)]
+        path.write_text("\n".join(lines) + "\n")
+
+    nli, binary = ("entailment", "not_entailment"), ("0", "1")
+    three = ("entailment", "neutral", "contradiction")
+    for split in ("train", "dev"):
+        tsv(root / "CoLA" / f"{split}.tsv", None,
+            lambda i: ["gj04", binary[i % 2], "*" if i % 2 == 0 else "", sentence(rng) + ' "quoted'])
+        tsv(root / "SST-2" / f"{split}.tsv", ["sentence", "label"], lambda i: [sentence(rng), binary[i % 2]])
+        tsv(root / "MRPC" / f"{split}.tsv", ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+            lambda i: [binary[i % 2], "1", "2", sentence(rng), sentence(rng)])
+        tsv(root / "STS-B" / f"{split}.tsv", ["index", "genre", "filename", "year", "old_index", "source1", "source2",
+                                              "sentence1", "sentence2", "score"],
+            lambda i: [str(i), "g", "f", "y", "o", "s", "s", sentence(rng), sentence(rng), f"{i % 5}.{i}"])
+        tsv(root / "QQP" / f"{split}.tsv", ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+            lambda i: [str(i), "1", "2", sentence(rng), sentence(rng), binary[i % 2]])
+        for name in ("QNLI",):
+            tsv(root / name / f"{split}.tsv", ["index", "question", "sentence", "label"],
+                lambda i: [str(i), sentence(rng), sentence(rng), nli[i % 2]])
+        for name, labels in (("RTE", nli), ("WNLI", binary)):
+            tsv(root / name / f"{split}.tsv", ["index", "sentence1", "sentence2", "label"],
+                lambda i, labels=labels: [str(i), sentence(rng), sentence(rng), labels[i % 2]])
+    for split in ("train", "dev_matched", "dev_mismatched"):
+        tsv(root / "MNLI" / f"{split}.tsv", ["index", "promptID", "pairID", "genre", "s1b", "s2b", "s1p", "s2p",
+                                             "sentence1", "sentence2", "label1", "gold_label"],
+            lambda i: [str(i), "1", "2", "g", "", "", "", "", sentence(rng), sentence(rng), "x", three[i % 3]])
+    with open(root / "QQP" / "train.tsv", "a") as handle:  # GLUE's QQP has a few rows with missing fields
+        handle.write("999\tbroken row\n")
+    return root
+
+
+def test_glue_dir_layout_loads_every_task_with_hub_label_ids(tmp_path):
+    glue = write_glue(tmp_path / "glue")
+    tasks = {task.name: task for task in resolve_tasks("glue,wnli", glue)}
+    assert list(tasks) == list(GLUE)
+    for name, task in tasks.items():
+        train, validation = task.load()
+        assert len(train) == 12, name  # QQP's broken row is left out (and listed)
+        assert list(validation) == (["m", "mm"] if name == "mnli" else ["dev"])
+        assert all(len(text) == (1 if name in ("cola", "sst2") else 2) for text in train.texts), name
+    cola_train, _ = tasks["cola"].load()
+    assert cola_train.labels[:2] == [0, 1] and cola_train.texts[0][0].endswith('"quoted')
+    assert tasks["mnli"].load()[0].labels[:3] == [0, 1, 2]  # the hub's order: entailment, neutral, contradiction
+    assert tasks["rte"].load()[0].labels[:2] == [0, 1]
+    assert tasks["stsb"].load()[0].labels[1] == pytest.approx(1.1)
+    assert "QQP/train.tsv:14: no value for question1, question2, is_duplicate" in tasks["qqp"].load()[0].skipped[0]
+    assert tasks["mrpc"].metrics == ("f1", "accuracy") and tasks["cola"].metrics == ("matthews",)
+
+
+def test_glue_recipes_and_overrides():
+    tasks = {task.name: task for task in resolve_tasks("glue,wnli", Path("unused"))}
+    recipes = {name: finetune_config(task.recipe, []) for name, task in tasks.items()}
+    assert recipes["rte"] == FinetuneConfig()
+    assert (recipes["mrpc"].epochs, recipes["wnli"].epochs) == (5, 5)
+    assert (recipes["mnli"].seeds, recipes["qqp"].seeds, recipes["sst2"].seeds) == (3, 3, 5)
+    assert finetune_config(tasks["mnli"].recipe, ["finetune.seeds=2"]).seeds == 2
+    assert finetune_config(tasks["mnli"].recipe, [], seeds=1).seeds == 1
+    with pytest.raises(ConfigError, match="Did you mean 'finetune.lr'"):
+        finetune_config({}, ["finetune.learning_rate=1e-5"])
+
+
+def test_glue_without_a_dir_or_the_hub_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    (task,) = resolve_tasks("rte", None)
+    with pytest.raises(DataError, match="Cannot load GLUE task 'rte' from the Hugging Face hub.*--glue-dir"):
+        task.load()
+    (task,) = resolve_tasks("rte", tmp_path)
+    with pytest.raises(DataError, match="has no RTE/ folder"):
+        task.load()
