@@ -273,3 +273,122 @@ def test_glue_without_a_dir_or_the_hub_says_what_to_do(tmp_path, monkeypatch):
     (task,) = resolve_tasks("rte", tmp_path)
     with pytest.raises(DataError, match="has no RTE/ folder"):
         task.load()
+
+
+# ---- evaluation runs ----
+
+
+def tiny_model_dir(path: Path, seed: int = 0) -> Path:
+    """A tiny random BERT exported as a transformers dir with a WordPiece tokenizer of the test words."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from bertrain.config import ModelConfig
+    from bertrain.data.tokenizer import add_post_processor
+    from bertrain.model import build_model
+    from bertrain.model.hf import export_hf
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece({t: i for i, t in enumerate(specials + list(WORDS))}, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    add_post_processor(tokenizer, "[CLS]", "[SEP]")
+    (path / "tok").mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tok" / "tokenizer.json"))
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(type="bert", vocab_size=len(specials) + len(WORDS), hidden_size=16,
+                                    num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                    max_position_embeddings=32))
+    export_hf(model, path / "model", tokenizer_dir=path / "tok")
+    return path / "model"
+
+
+QUICK = ["finetune.epochs=2", "finetune.batch_size=8", "finetune.lr=1e-3", "finetune.max_seq_length=24"]
+
+
+def quiet_console():
+    from bertrain.console import make_console
+    import io
+
+    return make_console(file=io.StringIO())
+
+
+def test_evaluate_records_each_seed_and_continues_where_it_stopped(tmp_path, monkeypatch):
+    model = tiny_model_dir(tmp_path)
+    tasks = resolve_tasks(str(write_task(tmp_path / "task")), None)
+    out = tmp_path / "eval"
+    results = downstream.evaluate(model, tasks, out, quiet_console(), QUICK, seeds=2)
+    summary = results["summary"]["model"]["tasks"]["river"]
+    assert summary["seeds"] == [1, 2] and len(summary["scores"]) == 2 and summary["metric"] == "accuracy"
+    assert results["summary"]["model"]["average"] == pytest.approx(summary["median"])
+    on_disk = read_results(out)
+    assert on_disk["runs"] == results["runs"] and (out / "results.md").read_text().count("| river |") == 1
+    first = {run["seed"]: run for run in on_disk["runs"]}
+    assert first[1]["recipe"]["epochs"] == 2 and first[1]["steps"] == 12  # 48 examples / 8 x 2 epochs
+
+    calls = []
+    real_finetune = downstream.finetune
+    monkeypatch.setattr(downstream, "finetune", lambda *a, **k: calls.append(a[3]) or real_finetune(*a, **k))
+    results = downstream.evaluate(model, tasks, out, quiet_console(), QUICK, seeds=3)
+    assert calls == [3]  # seeds 1 and 2 were in results.json
+    again = {run["seed"]: run for run in results["runs"]}
+    assert again[1] == first[1] and again[2] == first[2] and results["summary"]["model"]["tasks"]["river"][
+        "seeds"] == [1, 2, 3]
+    with pytest.raises(UsageError, match="another recipe .*lr 0.001 -> 0.002"):
+        downstream.evaluate(model, tasks, out, quiet_console(), QUICK + ["finetune.lr=2e-3"], seeds=3)
+
+
+def test_same_seed_same_score_and_baseline_side_by_side(tmp_path):
+    model, other = tiny_model_dir(tmp_path / "a", seed=0), tiny_model_dir(tmp_path / "b", seed=1)
+    tasks = resolve_tasks(str(write_task(tmp_path / "task")), None)
+    one = downstream.evaluate(model, tasks, tmp_path / "one", quiet_console(), QUICK, seeds=2)
+    both = downstream.evaluate(model, tasks, tmp_path / "both", quiet_console(), QUICK, seeds=2, baseline_path=other)
+    mine = [r["scores"] for r in both["runs"] if r["model"] == "model"]
+    assert mine == [r["scores"] for r in one["runs"]]  # a seed fixes head, dropout and order
+    compared = comparison(both)["river"]
+    tasks_of = both["summary"]
+    assert compared["difference"] == pytest.approx(tasks_of["model"]["tasks"]["river"]["median"]
+                                                   - tasks_of["baseline"]["tasks"]["river"]["median"])
+    header, body = rows(both)
+    assert header[2].startswith("model") and header[3].startswith("baseline") and body[0][0] == "river"
+    assert body[0][5] == ("yes" if compared["beyond_spread"] else "no")
+
+
+def run_cli(*args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, **pretrain_env(), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "bertrain", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_cli_sigterm_exits_75_and_the_same_command_continues(tmp_path):
+    model = tiny_model_dir(tmp_path)
+    task = write_task(tmp_path / "task", train_rows=400)
+    out = tmp_path / "eval"
+    args = ["evaluate", str(model), "--tasks", str(task), "--seeds", "3", "--out", str(out),
+            *[item for override in QUICK for item in ("--set", override)]]
+    process = run_cli(*args)
+    deadline = time.time() + 120
+    while not (out / "results.json").is_file() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 75, stderr
+    assert "evaluate stopped by SIGTERM" in stderr
+    recorded = read_results(out)["runs"]
+    assert 1 <= len(recorded) < 3
+    process = run_cli(*args)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    runs = read_results(out)["runs"]
+    assert sorted(run["seed"] for run in runs) == [1, 2, 3] and runs[:len(recorded)] == recorded
+    assert "average (of medians)" in stdout and "river" in stdout
+
+
+def test_cli_bad_input_exits_2_with_a_message(tmp_path):
+    model = tiny_model_dir(tmp_path)
+    for args, expected in ((["--tasks", "nope"], "neither a GLUE task"),
+                           (["--tasks", "rte", "--glue-dir", str(tmp_path / "none")], "--glue-dir"),
+                           (["--set", "finetune.lrr=1"], "Did you mean 'finetune.lr'")):
+        process = run_cli("evaluate", str(model), "--out", str(tmp_path / "o"), *args)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 2 and expected in stderr and "Traceback" not in stderr, stderr

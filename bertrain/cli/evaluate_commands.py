@@ -36,11 +36,11 @@ def evaluate(
 
     Each finished (task, seed) is written to DIR/results.json at once: run the same command to continue after an interruption (SIGTERM exits 75). Under `bertrain launch` each process takes its share of the runs.
 
-    Example: bertrain evaluate runs/bert --tasks rte,mrpc,stsb --glue-dir glue_data --out eval/bert
+    Example: bertrain evaluate runs/bert -t rte,mrpc --glue-dir glue -o ev/bert
 
-    Example: bertrain evaluate exported/mine --tasks my_task.yaml --baseline bert-base-uncased/ --out eval/vs
+    Example: bertrain evaluate out/mine -t task.yaml --baseline bert/ -o ev/vs
 
-    Example: bertrain evaluate runs/tiny --tasks sst2 --seeds 3 --set finetune.epochs=1 --out eval/quick
+    Example: bertrain evaluate runs/tiny -t sst2 --seeds 3 -o ev/quick
     """
     from bertrain.data.tasks import resolve_tasks
     from bertrain.errors import UsageError

@@ -44,9 +44,10 @@ def check_continuation(results: dict, out_dir: Path, model: str, loaded: str, ta
         raise UsageError(f"{out_dir / RESULTS_FILE} holds results of {known} as the {model}, not of {loaded}. "
                          "Choose another --out (or move that results.json away to start over).")
     for run in results["runs"]:
-        if run["model"] == model and run["task"] == task and run["recipe"] != recipe:
-            changed = ", ".join(f"{key} {run['recipe'].get(key)} -> {value}" for key, value in recipe.items()
-                                if run["recipe"].get(key) != value)
+        # More or fewer seeds extend or cut a run's set; any other key makes other runs.
+        changed = ", ".join(f"{key} {run['recipe'].get(key)} -> {value}" for key, value in recipe.items()
+                            if key != "seeds" and run["recipe"].get(key) != value)
+        if run["model"] == model and run["task"] == task and changed:
             raise UsageError(f"{out_dir / RESULTS_FILE} holds {task} runs of the {model} with another recipe "
                              f"({changed}). Choose another --out to compare recipes, or run with the same --set.")
 
@@ -74,8 +75,8 @@ def summary(results: dict, plan: list[dict]) -> dict:
     for model in results["models"]:
         tasks = {}
         for item in plan:
-            runs = sorted((r for r in results["runs"] if r["model"] == model and r["task"] == item["task"]),
-                          key=lambda r: r["seed"])
+            runs = sorted((r for r in results["runs"] if r["model"] == model and r["task"] == item["task"]
+                           and r["seed"] <= item["seeds"]), key=lambda r: r["seed"])  # seeds 1..N of this plan
             if not runs:
                 continue
             keys = list(runs[0]["scores"])
