@@ -25,9 +25,10 @@ def evaluate(
                                                  "MNLI/dev_matched.tsv); without it GLUE comes from the hub."),
     seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="Seeds per task (default: 5; 3 on MNLI and "
                                         "QQP; same as --set finetune.seeds=N)."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", metavar="MODEL2",
+    baseline: Optional[Path] = typer.Option(None, "--baseline", metavar="MODEL2|random",
                                             help="A second model through the same recipe and seeds, shown side by side "
-                                                 "with the difference and whether it exceeds the seed spread."),
+                                                 "with the difference and whether it exceeds the seed spread; `random`: "
+                                                 "MODEL's architecture with random weights (what pretraining added)."),
     overrides: Optional[list[str]] = SetOption,
 ) -> None:
     """Fine-tune MODEL on each task with several seeds, and report per task the median, mean ± std, min and max.
@@ -47,7 +48,7 @@ def evaluate(
     from bertrain.train.downstream import evaluate as run_evaluate
 
     for path, what in ((model, "MODEL"), (baseline, "--baseline"), (glue_dir, "--glue-dir")):
-        if path is not None and not path.exists():
+        if path is not None and not path.exists() and not (what == "--baseline" and str(path) == "random"):
             raise UsageError(f"{what} {path} does not exist.")
     resolved = resolve_tasks(tasks, glue_dir)
 

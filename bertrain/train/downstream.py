@@ -17,6 +17,7 @@ from bertrain.config.finetune import finetune_config
 from bertrain.data.task_batches import encode, pad_id
 from bertrain.data.tasks import Task
 from bertrain.errors import DataError
+from bertrain.model import build_model
 from bertrain.model.hf_classifier import load_pretrained
 from bertrain.tokenizer_file import load_tokenizer
 from bertrain.train.downstream_results import (BASELINE, MODEL, check_continuation, find_run, read_results,
@@ -26,6 +27,7 @@ from bertrain.train.precision import local_device_type
 from bertrain.train.signals import stop_requested
 
 POLL_SECONDS = 5.0
+RANDOM_BASELINE = "random"  # --baseline random
 
 
 def local_device() -> torch.device:
@@ -50,7 +52,11 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
     job = 0
     for key, path in models:
         skipped: list = []
-        pretrained, tokenizer_dir, loaded = load_pretrained(path, skipped)
+        if str(path) == RANDOM_BASELINE:  # MODEL's architecture and tokenizer, fresh weights: what pretraining adds
+            torch.manual_seed(0)
+            pretrained, loaded = build_model(pretrained.config), f"random weights ({pretrained.config.type}, as the model)"
+        else:
+            pretrained, tokenizer_dir, loaded = load_pretrained(path, skipped)
         for checkpoint, why in skipped:
             warn(f"Skipping invalid checkpoint {checkpoint}: {why}")
         for task in tasks:
