@@ -47,3 +47,14 @@ def test_model_step_finishes_without_native_bf16():
     out = run("model_step.py", "--shapes", "tiny", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("tiny ")]
     assert len(rows) == 1 and " fp32 " in rows[0] and all(value > 0 for value in numbers(rows[0])[1:])
+
+
+@pytest.mark.slow  # ~2 min on the shared 2-core CPU: pretrains, then fine-tunes with bertrain and Trainer
+def test_evaluate_vs_trainer_prints_scores_and_speed():
+    out = run("evaluate_vs_trainer.py", "--pretrain-steps", "20", "--seeds", "2", "--speed-examples", "64",
+              "--rounds", "1")
+    scores = [line.split()[0] for line in out.splitlines() if " median " in line]
+    assert scores == ["bertrain", "Trainer"] and "the spread" in out
+    speed = [line for line in out.splitlines() if line.endswith("examples/s") or "examples/s  (" in line]
+    assert len(speed) == 2 and all(numbers(line)[0] > 0 for line in speed)
+    assert numbers(next(line for line in out.splitlines() if line.startswith("speed-up")))[0] > 0

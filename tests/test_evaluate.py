@@ -466,3 +466,21 @@ def test_a_briefly_pretrained_model_beats_random_weights_on_held_out_words(tmp_p
     assert pretrained["min"] > random_init["median"] and pretrained["median"] >= random_init["median"] + 0.2, (
         pretrained, random_init)
     assert comparison(read_results(out))["word_kind"]["beyond_spread"]
+
+
+@pytest.mark.slow  # ~100 s on the loaded 2-core machine (two processes, torchrun)
+def test_under_launch_two_processes_share_the_runs(tmp_path):
+    model = tiny_model_dir(tmp_path)
+    task = write_task(tmp_path / "task")
+    out = tmp_path / "eval"
+    process = run_cli("launch", "--nproc", "2", "evaluate", str(model), "--tasks", str(task), "--seeds", "4",
+                      "--out", str(out), *[item for override in QUICK for item in ("--set", override)])
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    runs = read_results(out)["runs"]
+    assert sorted(run["seed"] for run in runs) == [1, 2, 3, 4]
+    assert {run["seed"]: run["rank"] for run in runs} == {1: 0, 2: 1, 3: 0, 4: 1}
+    single = downstream.evaluate(model, resolve_tasks(str(task), None), tmp_path / "one", quiet_console(), QUICK,
+                                 seeds=4)
+    assert {r["seed"]: r["scores"] for r in runs} == {r["seed"]: r["scores"] for r in single["runs"]}
+    assert stdout.count("average (of medians)") == 1  # rank 0 prints the summary once every run is in

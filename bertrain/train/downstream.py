@@ -79,7 +79,7 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
             for seed in todo:
                 run = _run_one(pretrained, data, recipe, seed, device, console, f"{key} {task.name} seed {seed}")
                 run.update(model=key, task=task.name, seed=seed, recipe=dataclasses.asdict(recipe),
-                           device=str(device))
+                           device=str(device), rank=rank)
                 results = record_run(out_dir, key, loaded, run, plan)
                 console.print(f"{key} {task.name} seed {seed}: "
                               + ", ".join(f"{name} {100 * value:.1f}" for name, value in run["scores"].items())
