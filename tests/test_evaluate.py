@@ -354,6 +354,15 @@ def test_same_seed_same_score_and_baseline_side_by_side(tmp_path):
     assert body[0][5] == ("yes" if compared["beyond_spread"] else "no")
 
 
+def test_random_baseline_and_a_training_subset(tmp_path):
+    model = tiny_model_dir(tmp_path)
+    tasks = resolve_tasks(str(write_task(tmp_path / "task")), None)
+    results = downstream.evaluate(model, tasks, tmp_path / "eval", quiet_console(),
+                                  QUICK + ["finetune.max_train_examples=16"], seeds=1, baseline_path=Path("random"))
+    assert results["models"]["baseline"].startswith("random weights (bert")
+    assert {run["model"]: run["steps"] for run in results["runs"]} == {"model": 4, "baseline": 4}  # 16 / 8 x 2
+
+
 def run_cli(*args: str, **popen) -> subprocess.Popen:
     env = {**os.environ, **pretrain_env(), "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "bertrain", *args], env=env, stdout=subprocess.PIPE,
