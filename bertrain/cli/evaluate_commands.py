@@ -26,9 +26,10 @@ def evaluate(
     seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="Seeds per task (default: 5; 3 on MNLI and "
                                         "QQP; same as --set finetune.seeds=N)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", metavar="MODEL2|random",
-                                            help="A second model through the same recipe and seeds, shown side by side "
-                                                 "with the difference and whether it exceeds the seed spread; `random`: "
-                                                 "MODEL's architecture with random weights (what pretraining added)."),
+                                            help="A second model through the same recipe and seeds, shown side by "
+                                                 "side with the difference and whether it exceeds the seed spread; "
+                                                 "`random`: MODEL's architecture with random weights (what "
+                                                 "pretraining added)."),
     overrides: Optional[list[str]] = SetOption,
 ) -> None:
     """Fine-tune MODEL on each task with several seeds, and report per task the median, mean ± std, min and max.

@@ -1,5 +1,5 @@
 """A sequence classification / regression head on our BERT and ALBERT encoders, as transformers'
-Bert/AlbertForSequenceClassification: [CLS] → pooler (tanh) → dropout → linear to the labels (1 label: regression)."""
+Bert/AlbertForSequenceClassification: [CLS] → pooler (tanh) → dropout → linear to the labels (1: regression)."""
 
 from __future__ import annotations
 

@@ -72,6 +72,7 @@ def load_pretrained(path: str | Path, skipped: list[tuple[Path, str]] | None = N
         model, _, loaded = model_from_checkpoint(path, skipped)
         tokenizer = rundir.find_tokenizer_dir(loaded)
     if tokenizer is None:
-        raise DataError(f"No tokenizer.json found for {path} (looked in the dir, its tokenizer/ and RUN_DIR/tokenizer). "
-                        "A downloaded model needs its tokenizer.json (fast tokenizer) next to config.json.")
+        raise DataError(f"No tokenizer.json found for {path} (looked in the dir, its tokenizer/ and "
+                        "RUN_DIR/tokenizer). A downloaded model needs its tokenizer.json (fast tokenizer) next to "
+                        "config.json.")
     return model, tokenizer, str(loaded.resolve())

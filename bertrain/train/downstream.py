@@ -54,7 +54,8 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
         skipped: list = []
         if str(path) == RANDOM_BASELINE:  # MODEL's architecture and tokenizer, fresh weights: what pretraining adds
             torch.manual_seed(0)
-            pretrained, loaded = build_model(pretrained.config), f"random weights ({pretrained.config.type}, as the model)"
+            pretrained = build_model(pretrained.config)
+            loaded = f"random weights ({pretrained.config.type}, as the model)"
         else:
             pretrained, tokenizer_dir, loaded = load_pretrained(path, skipped)
         for checkpoint, why in skipped:
