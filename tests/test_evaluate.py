@@ -357,8 +357,12 @@ def test_same_seed_same_score_and_baseline_side_by_side(tmp_path):
 def test_random_baseline_and_a_training_subset(tmp_path):
     model = tiny_model_dir(tmp_path)
     tasks = resolve_tasks(str(write_task(tmp_path / "task")), None)
-    results = downstream.evaluate(model, tasks, tmp_path / "eval", quiet_console(),
-                                  QUICK + ["finetune.max_train_examples=16"], seeds=1, baseline_path=Path("random"))
+    warnings = []
+    results = downstream.evaluate(model, tasks, tmp_path / "eval", quiet_console(),  # the model has 32 positions
+                                  QUICK + ["finetune.max_train_examples=16", "finetune.max_seq_length=64"], seeds=1,
+                                  baseline_path=Path("random"), warn=warnings.append)
+    assert warnings == [f"river: finetune.max_seq_length 64 exceeds the {key}'s max_position_embeddings 32: its "
+                        "examples are truncated to 32 tokens." for key in ("model", "baseline")]
     assert results["models"]["baseline"].startswith("random weights (bert")
     assert {run["model"]: run["steps"] for run in results["runs"]} == {"model": 4, "baseline": 4}  # 16 / 8 x 2
 

@@ -76,7 +76,11 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
                 job += 1
             if not todo:
                 continue
-            data = _task_data(task, tokenizer, recipe, loaded_examples, warn if rank == 0 else None)
+            max_length = min(recipe.max_seq_length, pretrained.config.max_position_embeddings)
+            if max_length < recipe.max_seq_length and rank == 0:
+                warn(f"{task.name}: finetune.max_seq_length {recipe.max_seq_length} exceeds the {key}'s "
+                     f"max_position_embeddings {max_length}: its examples are truncated to {max_length} tokens.")
+            data = _task_data(task, tokenizer, max_length, loaded_examples, warn if rank == 0 else None)
             for seed in todo:
                 run = _run_one(pretrained, data, recipe, seed, device, console, f"{key} {task.name} seed {seed}")
                 run.update(model=key, task=task.name, seed=seed, recipe=dataclasses.asdict(recipe),
@@ -93,8 +97,8 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
     return results
 
 
-def _task_data(task: Task, tokenizer, recipe, cache: dict, warn) -> TaskData:
-    """A task's examples (read once per task) encoded with this model's tokenizer."""
+def _task_data(task: Task, tokenizer, max_length: int, cache: dict, warn) -> TaskData:
+    """A task's examples (read once per task) encoded with this model's tokenizer, at most `max_length` tokens."""
     if task.name not in cache:
         train, validation = task.load()
         cache[task.name] = (train, validation)
@@ -105,8 +109,8 @@ def _task_data(task: Task, tokenizer, recipe, cache: dict, warn) -> TaskData:
     regression = task.kind == "regression"
     if max(train.labels or [0]) >= task.num_labels and not regression:
         raise DataError(f"{task.name}: a label id is beyond the task's {task.num_labels} labels.")
-    return TaskData(encode(tokenizer, train, recipe.max_seq_length, regression),
-                    {name: encode(tokenizer, split, recipe.max_seq_length, regression)
+    return TaskData(encode(tokenizer, train, max_length, regression),
+                    {name: encode(tokenizer, split, max_length, regression)
                      for name, split in validation.items()},
                     task.metrics, task.num_labels, pad_id(tokenizer))
 
