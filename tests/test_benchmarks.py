@@ -61,3 +61,15 @@ def test_unigram_vs_sentencepiece_runs_on_any_text_file(tmp_path):
     assert 1.0 < ours < 3.0 and 1.0 < theirs < 3.0
     assert all(0 < float(value.rstrip("%")) <= 100 for value in rows["top 100 words as one token"])
     assert "from" in out and "bertrain: ▁" in out and "sentencepiece: ▁" in out
+
+
+@pytest.mark.slow  # ~2 min on the shared 2-core CPU: pretrains, then fine-tunes with bertrain and Trainer
+def test_evaluate_vs_trainer_prints_scores_and_speed():
+    out = run("evaluate_vs_trainer.py", "--pretrain-steps", "20", "--seeds", "2", "--speed-examples", "64",
+              "--rounds", "1")
+    scores = [line.split()[0] for line in out.splitlines() if line.startswith(("bertrain ", "Trainer ")) and
+              " median " in line]
+    assert scores == ["bertrain", "Trainer"] and "the spread" in out
+    speed = [line for line in out.splitlines() if line.endswith("examples/s") or "examples/s  (" in line]
+    assert len(speed) == 2 and all(numbers(line)[0] > 0 for line in speed)
+    assert numbers(next(line for line in out.splitlines() if line.startswith("speed-up")))[0] > 0

@@ -8,7 +8,7 @@ import sys
 
 def _install_early_signal_handlers() -> None:
     # A SIGTERM during `import torch` would kill the process before the loop installs its handler.
-    if "pretrain" in sys.argv[1:3]:
+    if "pretrain" in sys.argv[1:3] or "evaluate" in sys.argv[1:3]:
         from bertrain.train.signals import install_handlers
 
         install_handlers()
@@ -21,6 +21,7 @@ def _command_modules() -> None:
     import bertrain.cli.train_commands  # noqa: F401
     import bertrain.cli.demo_commands  # noqa: F401
     import bertrain.cli.launch_commands  # noqa: F401
+    import bertrain.cli.evaluate_commands  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

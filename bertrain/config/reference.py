@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from bertrain.config.finetune import EvaluateConfig, TaskFile
 from bertrain.config.schema import Config, Recipe, SourceConfig
 from bertrain.config.yaml_tree import type_name
 
@@ -34,7 +35,9 @@ def config_reference_markdown() -> str:
              "index from 0: `--set prepare.sources.0.group_by=title`.", ""]
     for title, cls in (("Training config (`bertrain pretrain --config`)", Config),
                        ("Data recipe (`bertrain prepare --recipe`)", Recipe),
-                       ("Each entry of `prepare.sources`", SourceConfig)):
+                       ("Each entry of `prepare.sources`", SourceConfig),
+                       ("Fine-tuning recipe (`bertrain evaluate --set finetune.KEY=VALUE`)", EvaluateConfig),
+                       ("A task file (`bertrain evaluate --tasks FILE.yaml`)", TaskFile)):
         lines += [f"## {title}", ""]
         section = None
         for dotted, tp, default, help_text in iter_docs(cls):

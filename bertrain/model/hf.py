@@ -242,6 +242,23 @@ def _pad_token_id(tokenizer_dir: Path | None) -> int:
     return 0
 
 
+def write_tokenizer_files(tokenizer: Path | None, out: Path, max_positions: int) -> list[str]:
+    """Copy the tokenizer files into an export dir, with model_max_length = the model's positions; the names copied."""
+    copied = []
+    if tokenizer is not None and tokenizer.resolve() != out.resolve():
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copyfile(tokenizer / name, out / name)
+                copied.append(name)
+    # transformers truncates to model_max_length: more than the model's positions and a long text crashes it.
+    if (out / "tokenizer.json").is_file():
+        wrapper_path = out / "tokenizer_config.json"
+        wrapper = json.loads(wrapper_path.read_text(encoding="utf-8")) if wrapper_path.is_file() else {}
+        wrapper["model_max_length"] = max_positions
+        wrapper_path.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False), encoding="utf-8")
+    return copied
+
+
 def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
     """Write a transformers directory (config.json, model.safetensors, tokenizer files) from a model,
     a checkpoint dir or a RUN_DIR. Returns what was written, the model, and the invalid checkpoints
@@ -260,18 +277,7 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
     # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
     save_file(to_hf_state_dict(model), str(out / HF_WEIGHTS), metadata={"format": "pt"})
     honour_umask(out / HF_WEIGHTS)
-    copied = []
-    if tokenizer is not None and tokenizer.resolve() != out.resolve():
-        for name in TOKENIZER_FILES:
-            if (tokenizer / name).is_file():
-                shutil.copyfile(tokenizer / name, out / name)
-                copied.append(name)
-    # transformers truncates to model_max_length: more than the model's positions and a long text crashes it.
-    if (out / "tokenizer.json").is_file():
-        wrapper_path = out / "tokenizer_config.json"
-        wrapper = json.loads(wrapper_path.read_text(encoding="utf-8")) if wrapper_path.is_file() else {}
-        wrapper["model_max_length"] = model.config.max_position_embeddings
-        wrapper_path.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False), encoding="utf-8")
+    copied = write_tokenizer_files(tokenizer, out, model.config.max_position_embeddings)
     return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
             "architecture": config["architectures"][0], "parameters": model.num_parameters(), "model": model,
             "skipped": skipped}

@@ -1,0 +1,162 @@
+"""`bertrain evaluate`'s results: DIR/results.json (each finished (model, task, seed) as it ends, so an interrupted
+evaluation continues), the summary over seeds (median, mean ± std, min, max; the GLUE-style average of the
+per-task medians), DIR/results.md, the rich table, and a baseline side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from bertrain.errors import DataError, UsageError
+from bertrain.files import exclusive_lock, write_atomic
+from bertrain.train.scores import summarize
+
+RESULTS_FILE, MARKDOWN_FILE, LOCK_FILE = "results.json", "results.md", ".results.lock"
+MODEL, BASELINE = "model", "baseline"
+
+
+def read_results(out_dir: Path) -> dict[str, Any]:
+    """DIR/results.json, or an empty record when there is none yet."""
+    path = out_dir / RESULTS_FILE
+    if not path.is_file():
+        return {"models": {}, "runs": []}
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(results.get("runs"), list) and isinstance(results.get("models"), dict)
+        return results
+    except (ValueError, AssertionError, AttributeError) as error:
+        raise DataError(f"{path} is not a results file of bertrain evaluate ({error or 'wrong layout'}). Choose "
+                        "another --out, or move the file away to start over.") from None
+
+
+def find_run(results: dict, model: str, task: str, seed: int) -> dict | None:
+    return next((run for run in results["runs"] if (run["model"], run["task"], run["seed"]) == (model, task, seed)),
+                None)
+
+
+def check_continuation(results: dict, out_dir: Path, model: str, loaded: str, task: str, recipe: dict) -> None:
+    """Refuse to mix: runs already in DIR of this model and task must come from the same weights and recipe."""
+    known = results["models"].get(model)
+    if known is not None and known != loaded and any(r["model"] == model for r in results["runs"]):
+        raise UsageError(f"{out_dir / RESULTS_FILE} holds results of {known} as the {model}, not of {loaded}. "
+                         "Choose another --out (or move that results.json away to start over).")
+    for run in results["runs"]:
+        # More or fewer seeds extend or cut a run's set; any other key makes other runs.
+        changed = ", ".join(f"{key} {run['recipe'].get(key)} -> {value}" for key, value in recipe.items()
+                            if key != "seeds" and run["recipe"].get(key) != value)
+        if run["model"] == model and run["task"] == task and changed:
+            raise UsageError(f"{out_dir / RESULTS_FILE} holds {task} runs of the {model} with another recipe "
+                             f"({changed}). Choose another --out to compare recipes, or run with the same --set.")
+
+
+def record_run(out_dir: Path, model: str, loaded: str, run: dict, plan: list[dict]) -> dict:
+    """Add one finished run to DIR/results.json (under a lock: several processes may share DIR), then rewrite the
+    summary and DIR/results.md; returns the results as now on disk."""
+    with exclusive_lock(out_dir / LOCK_FILE, wait=True):
+        results = read_results(out_dir)
+        results["models"][model] = loaded
+        results["runs"] = [r for r in results["runs"]
+                           if (r["model"], r["task"], r["seed"]) != (model, run["task"], run["seed"])] + [run]
+        results["summary"] = summary(results, plan)
+        text = json.dumps(results, indent=1) + "\n"
+        write_atomic(out_dir / RESULTS_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        markdown = results_markdown(results)
+        write_atomic(out_dir / MARKDOWN_FILE, lambda tmp: tmp.write_text(markdown, encoding="utf-8"))
+    return results
+
+
+def summary(results: dict, plan: list[dict]) -> dict:
+    """Per model and task: metric, seeds, per-seed scores (and per metric), median, mean, std, min, max; the average
+    of the task medians once every planned task has all its seeds. `plan`: [{task, metrics, seeds}] in order."""
+    out: dict[str, Any] = {}
+    for model in results["models"]:
+        tasks = {}
+        for item in plan:
+            runs = sorted((r for r in results["runs"] if r["model"] == model and r["task"] == item["task"]
+                           and r["seed"] <= item["seeds"]), key=lambda r: r["seed"])  # seeds 1..N of this plan
+            if not runs:
+                continue
+            keys = list(runs[0]["scores"])
+            tasks[item["task"]] = {"metric": "/".join(keys), "seeds": [r["seed"] for r in runs],
+                                   "planned_seeds": item["seeds"], "scores": [r["score"] for r in runs],
+                                   "per_metric": {k: [r["scores"][k] for r in runs] for k in keys},
+                                   **summarize([r["score"] for r in runs])}
+        complete = len(tasks) == len(plan) and all(len(t["seeds"]) >= t["planned_seeds"] for t in tasks.values())
+        medians = [t["median"] for t in tasks.values()]
+        out[model] = {"tasks": tasks, "complete": complete,
+                      "average": sum(medians) / len(medians) if complete and medians else None}
+    return out
+
+
+def _points(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def comparison(results: dict) -> dict[str, dict]:
+    """Per task both have: the difference of medians (model - baseline) and whether it exceeds the seed spread
+    (the larger of the two standard deviations)."""
+    mine, theirs = results["summary"].get(MODEL, {}).get("tasks", {}), results["summary"].get(BASELINE, {}).get(
+        "tasks", {})
+    out = {}
+    for task in mine:
+        if task in theirs:
+            difference = mine[task]["median"] - theirs[task]["median"]
+            spread = max(mine[task]["std"], theirs[task]["std"])
+            out[task] = {"difference": difference, "spread": spread, "beyond_spread": abs(difference) > spread}
+    return out
+
+
+def rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the results table, in points (x100): one model, or model and baseline side by side."""
+    tasks_of = {model: s["tasks"] for model, s in results.get("summary", {}).items()}
+    if BASELINE not in tasks_of:
+        header = ["task", "metric", "seeds", "median", "mean ± std", "min", "max"]
+        body = [[task, t["metric"], str(len(t["seeds"])), _points(t["median"]),
+                 f"{_points(t['mean'])} ± {_points(t['std'])}", _points(t["min"]), _points(t["max"])]
+                for task, t in tasks_of.get(MODEL, {}).items()]
+        average = results["summary"].get(MODEL, {}).get("average")
+        body.append(["average (of medians)", "", "", _points(average), "", "", ""])
+        return header, body
+    compared = comparison(results)
+    header = ["task", "metric", "model median (mean ± std)", "baseline median (mean ± std)", "difference",
+              "beyond seed spread?"]
+    body = []
+    for task in dict.fromkeys([*tasks_of.get(MODEL, {}), *tasks_of[BASELINE]]):
+        cells = []
+        for model in (MODEL, BASELINE):
+            t = tasks_of.get(model, {}).get(task)
+            cells.append("-" if t is None else f"{_points(t['median'])} ({_points(t['mean'])} ± {_points(t['std'])}, "
+                                               f"{len(t['seeds'])} seeds)")
+        c = compared.get(task)
+        metric = (tasks_of.get(MODEL, {}).get(task) or tasks_of[BASELINE][task])["metric"]
+        body.append([task, metric, *cells, "-" if c is None else f"{100 * c['difference']:+.1f}",
+                     "-" if c is None else ("yes" if c["beyond_spread"] else "no")])
+    averages = [results["summary"].get(model, {}).get("average") for model in (MODEL, BASELINE)]
+    difference = averages[0] - averages[1] if None not in averages else None
+    body.append(["average (of medians)", "", _points(averages[0]), _points(averages[1]),
+                 "-" if difference is None else f"{100 * difference:+.1f}", ""])
+    return header, body
+
+
+def results_table(results: dict, title: str) -> Table:
+    header, body = rows(results)
+    table = Table(title=title)
+    for index, name in enumerate(header):
+        table.add_column(name, justify="left" if index < 2 else "right", style="cyan" if index == 0 else None)
+    for row in body:
+        table.add_row(*row)
+    return table
+
+
+def results_markdown(results: dict) -> str:
+    header, body = rows(results)
+    lines = ["# bertrain evaluate", ""]
+    lines += [f"- {model}: `{loaded}`" for model, loaded in results["models"].items()]
+    lines += ["", "Scores x 100 over fine-tuning seeds; a task's score is the mean of its metrics; the average is "
+              "over the per-task medians.", "", "| " + " | ".join(header) + " |",
+              "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines) + "\n"

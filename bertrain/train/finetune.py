@@ -1,0 +1,161 @@
+"""One fine-tuning run of `bertrain evaluate`: a pretrained encoder plus a new head trained on a task with one
+seed (AdamW with pretraining's no-decay groups, linear warmup and decay, autocast), then scored on validation."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from bertrain.batch_layout import map_tensors
+from bertrain.config import OptimConfig
+from bertrain.config.finetune import FinetuneConfig
+from bertrain.data.task_batches import EncodedSplit, TaskBatch, collate
+from bertrain.errors import Interrupted
+from bertrain.model import PreTrainingModel
+from bertrain.model.classifier import SequenceClassifier, should_pack
+from bertrain.train.optim import build_optimizer, build_scheduler
+from bertrain.train.precision import choose_mixed_precision
+from bertrain.train.scores import score
+from bertrain.train.signals import received_signal_name, stop_requested
+
+ADAM_EPS = 1e-8  # transformers Trainer's default (Google's BERT: 1e-6); changes nothing measurable here
+
+
+@dataclass
+class TaskData:
+    """A task's encoded examples and what scoring needs."""
+
+    train: EncodedSplit
+    validation: dict[str, EncodedSplit]
+    metrics: tuple[str, ...]
+    num_labels: int
+    pad_token_id: int
+
+
+@dataclass
+class RunOutcome:
+    """What one (task, seed) run gives: every metric on every validation split, and its speed."""
+
+    scores: dict[str, float]    # "accuracy", or "accuracy_m" / "accuracy_mm" with several splits
+    score: float                # the mean of `scores`: the task's number for this seed
+    steps: int
+    train_examples: int         # examples seen in training (steps x batch, the last batch of an epoch smaller)
+    train_seconds: float
+    eval_seconds: float
+
+
+def total_steps(examples: int, recipe: FinetuneConfig) -> int:
+    """Optimizer steps of a run: epochs x batches per epoch (the last batch of an epoch may be smaller)."""
+    return max(1, math.ceil(recipe.epochs * math.ceil(examples / recipe.batch_size)))
+
+
+def autocast_dtype(recipe: FinetuneConfig, device: torch.device) -> torch.dtype | None:
+    precision = choose_mixed_precision(recipe.mixed_precision, device)
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def _to(batch: TaskBatch, device: torch.device) -> TaskBatch:
+    return batch if device.type == "cpu" else map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+
+
+def _batches_of_epoch(examples: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng([seed, epoch]).permutation(examples)
+    return [order[i:i + batch_size] for i in range(0, examples, batch_size)]
+
+
+def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfig, seed: int, device: torch.device,
+             on_step: Callable[[int, int], None] | None = None) -> RunOutcome:
+    """Fine-tune a copy of `pretrained` with `seed` (head initialization, dropout, data order) and score it.
+    `on_step(done, total)` after each step. A stop signal raises Interrupted (exit 75) between steps."""
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = SequenceClassifier(copy.deepcopy(pretrained), data.num_labels, generator).to(device)
+    train = data.train
+    if recipe.max_train_examples is not None and recipe.max_train_examples < len(train):
+        train = _first(train, recipe.max_train_examples)
+    steps = total_steps(len(train), recipe)
+    optim = OptimConfig(name="adamw", lr=recipe.lr, weight_decay=recipe.weight_decay, eps=ADAM_EPS,
+                        max_grad_norm=recipe.max_grad_norm, schedule="linear", warmup_fraction=recipe.warmup_fraction)
+    optimizer = build_optimizer(model, optim, device)
+    scheduler = build_scheduler(optimizer, optim, steps)
+    dtype = autocast_dtype(recipe, device)
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    hidden, unpad = model.config.hidden_size, getattr(model.config, "unpad", "auto")
+    pack_when = None if device.type != "cpu" and unpad == "auto" else (lambda share: should_pack(share, hidden, unpad))
+    multiple_of = 8 if device.type == "cuda" else 1
+    model.train()
+    start, done, seen, epoch = time.perf_counter(), 0, 0, 0
+    while done < steps:
+        for indices in _batches_of_epoch(len(train), recipe.batch_size, seed, epoch):
+            if done == steps:
+                break
+            if stop_requested():
+                raise Interrupted(f"evaluate stopped by {received_signal_name()}: every finished (task, seed) is "
+                                  "in results.json; run the same command to continue from there.")
+            batch = _to(collate(train, indices, data.pad_token_id, pack_when, multiple_of), device)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, batch.labels,
+                             batch.packing).loss
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            if recipe.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            done, seen = done + 1, seen + len(indices)
+            if on_step is not None:
+                on_step(done, steps)
+        epoch += 1
+    train_seconds = time.perf_counter() - start
+    scores = evaluate_splits(model, data, recipe, device, dtype, pack_when, multiple_of)
+    return RunOutcome(scores, float(np.mean(list(scores.values()))), steps, seen, train_seconds,
+                      time.perf_counter() - start - train_seconds)
+
+
+def _first(split: EncodedSplit, count: int) -> EncodedSplit:
+    end = int(split.offsets[count - 1] + split.lengths[count - 1])
+    return EncodedSplit(split.ids[:end], split.types[:end], split.offsets[:count], split.lengths[:count],
+                        split.labels[:count])
+
+
+@torch.no_grad()
+def predict(model: SequenceClassifier, split: EncodedSplit, batch_size: int, pad_token_id: int, device: torch.device,
+            dtype: torch.dtype | None = None, pack_when=None, multiple_of: int = 1) -> np.ndarray:
+    """The model's outputs [N, labels] on a split, in the split's order (batches of similar length)."""
+    model.eval()
+    order = np.argsort(split.lengths, kind="stable")
+    outputs = np.empty((len(split), model.num_labels), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        batch = _to(collate(split, indices, pad_token_id, pack_when, multiple_of), device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, packing=batch.packing).logits
+        outputs[indices] = logits.float().cpu().numpy()
+    return outputs
+
+
+def evaluate_splits(model: SequenceClassifier, data: TaskData, recipe: FinetuneConfig, device: torch.device,
+                    dtype: torch.dtype | None = None, pack_when=None, multiple_of: int = 1) -> dict[str, float]:
+    """Every metric on every validation split: {metric} with one split, {metric}_{split} with several."""
+    scores = {}
+    for name, split in data.validation.items():
+        outputs = predict(model, split, recipe.eval_batch_size, data.pad_token_id, device, dtype, pack_when,
+                          multiple_of)
+        for metric in data.metrics:
+            key = metric if len(data.validation) == 1 else f"{metric}_{name}"
+            scores[key] = score(metric, outputs, split.labels)
+    return scores
