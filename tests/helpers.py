@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from functools import lru_cache
@@ -46,6 +47,12 @@ def write_config(path: Path, base: dict = TINY, **sections: dict) -> Path:
         tree.setdefault(section, {}).update(values)
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+def default_ctrl_c() -> None:
+    """Popen preexec_fn: Ctrl-C at its default in the child, as a terminal's shell starts a command. A test run in the
+    background of a non-interactive shell (`pytest &`) inherits SIGINT ignored, and Python then keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def pretrain_env(**extra: str) -> dict:

@@ -19,7 +19,7 @@ import pytest
 
 from bertrain.exit_status import STATUS_DIR_ENV, WorkerExit, combine_exit_codes, read_exits, record_exit
 from bertrain.train.parent_watch import watch_parent
-from tests.helpers import ROOT, explain, pretrain_env, write_config
+from tests.helpers import ROOT, default_ctrl_c, explain, pretrain_env, write_config
 
 WAIT = 300  # seconds: generous, for a loaded machine; no test measures time
 
@@ -36,7 +36,8 @@ def wait_for(path: Path, timeout: float = WAIT) -> str:
 
 def launch(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bertrain", "launch", *args], env=env or pretrain_env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c,
+                            **popen)
 
 
 def finish(process: subprocess.Popen, timeout: float = WAIT) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (KERNELS, ROOT, TINY, assert_same_weights, explain, final_weights, kernel_env,
+from tests.helpers import (KERNELS, ROOT, TINY, assert_same_weights, default_ctrl_c, explain, final_weights, kernel_env,
                            make_prepared_dir, pretrain_env, rounding_rtol, run_pretrain, train_losses, write_config)
 
 N = 3          # checkpoint / interruption step
@@ -147,7 +147,7 @@ def test_sigterm_during_startup_imports_is_caught_and_resumes_exactly(workdir, c
     run_dir = workdir / "early_sigterm"
     process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
                                 str(data), "--run-dir", str(run_dir)], env=pretrain_env(), cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
     wait_until_handling(process, signal.SIGTERM)  # bertrain's first act, before `import torch` / accelerate
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
@@ -164,7 +164,7 @@ def start_in_a_terminal_group(config, data, run_dir, pause_at: int, marker: Path
                "--run-dir", str(run_dir), "--set", "data.num_workers=2"]
     return subprocess.Popen(command, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"{pause_at}:{marker}", **env),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_ctrl_c)
 
 
 def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
@@ -216,7 +216,7 @@ def test_ctrl_c_before_the_first_step_stops_at_once(workdir, config, data):
     run_dir = workdir / "ctrl_c_setup"
     process = subprocess.Popen([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
                                 str(data), "--run-dir", str(run_dir)], env=pretrain_env(), cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
     wait_until_handling(process, signal.SIGTERM)  # bertrain's first act: the CLI runs, imports and setup follow
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=300)
