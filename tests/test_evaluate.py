@@ -275,6 +275,23 @@ def test_glue_without_a_dir_or_the_hub_says_what_to_do(tmp_path, monkeypatch):
         task.load()
 
 
+def test_glue_from_the_hub_reads_the_hub_columns_and_splits(monkeypatch):
+    # No network here: datasets.load_dataset stands in with the hub's own schema (nyu-mll/glue, MNLI's two dev splits).
+    import datasets
+
+    def fake_load_dataset(path, name):
+        assert (path, name) == ("nyu-mll/glue", "mnli")
+        rows = {"premise": ["p0", "p1"], "hypothesis": ["h0", "h1"], "label": [2, 0], "idx": [0, 1]}
+        return datasets.DatasetDict({split: datasets.Dataset.from_dict(rows) for split in
+                                     ("train", "validation_matched", "validation_mismatched", "test_matched")})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    (task,) = resolve_tasks("mnli", None)
+    train, dev = task.load()
+    assert train.texts == [("p0", "h0"), ("p1", "h1")] and train.labels == [2, 0]
+    assert sorted(dev) == ["m", "mm"] and dev["mm"].labels == [2, 0]
+
+
 # ---- evaluation runs ----
 
 
