@@ -21,6 +21,9 @@ UNIGRAM_SLACK = 1.5
 CONTINUATION = WORD_MARKERS["wordpiece"]   # "##": WordPiece marks pieces that continue a word
 SPACE = WORD_MARKERS["unigram"]            # "▁": Unigram marks pieces that start a word (a space before)
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
+# WordPiece turns a word longer than this into one [UNK]; runs without spaces (Thai, Lao, Khmer, Burmese write
+# whole phrases unspaced) are cut into pieces of this many characters first, which WordPiece then splits.
+MAX_WORDPIECE_CHARS = 100
 
 
 def _strip_accents(config: TokenizerConfig) -> bool:
@@ -32,14 +35,14 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     """(Tokenizer, trainer) for `config.kind`; `alphabet` fixes WordPiece's "##x" ids up front."""
     specials, unk = list(SPECIAL_TOKENS[config.kind].values()), SPECIAL_TOKENS[config.kind]["unk"]
     if config.kind == "wordpiece":
-        tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
+        tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=MAX_WORDPIECE_CHARS))
         tokenizer.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=_strip_accents(config),
             lowercase=config.lowercase)
         # The trainer numbers continuation characters ("##e") in hash-map order, which changes the
         # tie-breaking of merges from run to run. Listing them (sorted) as extra special tokens fixes
         # their ids; `canonical` makes them ordinary vocabulary again after training.
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.pre_tokenizer = wordpiece_pre_tokenizer()
         normalized = set()
         for char in alphabet:
             normalized.update(tokenizer.normalizer.normalize_str(char))
@@ -71,6 +74,14 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
         vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials,
         unk_token=unk, max_piece_length=16, show_progress=False)
     return tokenizer, trainer
+
+
+def wordpiece_pre_tokenizer() -> Any:
+    """BERT's split at spaces and punctuation, then runs longer than MAX_WORDPIECE_CHARS cut into pieces of that
+    length (a shorter rest is its own piece), so no unspaced run becomes one [UNK]."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.BertPreTokenizer(),
+        pre_tokenizers.Split(Regex(f".{{{MAX_WORDPIECE_CHARS}}}"), behavior="isolated")])
 
 
 def unigram_pre_tokenizer() -> Any:
