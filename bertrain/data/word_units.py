@@ -99,30 +99,28 @@ class WordSegmenter:
 
 
 def segmented_word_starts(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], length: int) -> np.ndarray:
-    """[tokens] bool: does each token (character offsets) start a word of `spans`? A token belongs to the word of
-    its first word character; a token without one (a bare "▁", a space) belongs to the next token's word."""
-    word_of_char = [-1] * (length + 1)
-    for index, (start, end) in enumerate(spans):
-        word_of_char[start:end] = [index] * (end - start)
-    words = []
+    """[tokens] bool: does each token (character offsets) start a unit? A token whose first word character begins
+    a word of `spans` does; one that begins inside a word continues the unit (so a token across a word boundary
+    joins the words it touches); a token without a word character (a bare "▁", a space) starts the next word."""
+    in_word = [False] * (length + 1)
+    begins = [False] * (length + 1)
+    for start, end in spans:
+        in_word[start:end] = [True] * (end - start)
+        begins[start] = True
+    flags: list[Optional[bool]] = []
+    seen = 0   # a prepended "▁" maps to the first character, which the next token maps to again
     for start, end in offsets:
-        word = -1
-        for char in range(start, end):
-            if word_of_char[char] >= 0:
-                word = word_of_char[char]
-                break
-        words.append(word)
-    following = -1
-    for index in range(len(words) - 1, -1, -1):
-        if words[index] < 0:
-            words[index] = following
-        else:
-            following = words[index]
-    starts = np.ones(len(words), dtype=bool)
-    if len(words) > 1:
-        ids = np.asarray(words)
-        starts[1:] = (ids[1:] != ids[:-1]) | (ids[1:] < 0)
-    return starts
+        new = range(max(start, seen), end)
+        first = next((char for char in new if in_word[char]), None)
+        flags.append(False if not new else None if first is None else begins[first])
+        seen = max(seen, end)
+    starts = []
+    for index, flag in enumerate(flags):
+        after_space = index > 0 and flags[index - 1] is None     # the space before started this unit
+        if flag is None:
+            flag = next((later for later in flags[index + 1:] if later is not None), True)
+        starts.append(bool(flag) and not after_space)
+    return np.asarray(starts, dtype=bool)
 
 
 def word_starts_for(tokenizer: Any, sentences: list[str], languages: list[Optional[str]], ids: np.ndarray,
