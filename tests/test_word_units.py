@@ -211,3 +211,49 @@ def test_unspaced_text_reports_tokens_per_character():
     assert label.startswith("tokens per character") and value == "0.310"
     label, _ = token_rate_row(spaced, {"documents_segmented_zh": 12})
     assert "words of 12 zh/ja documents by their segmenter" in label
+
+
+# Two short documents per language, written for this test (the same two texts in each language).
+MULTILINGUAL = {
+    "en": ["The river runs through the old town. Children play near the bridge in summer. In winter the water "
+           "freezes.", "Libraries lend books to everyone. Many also offer music and films. Some open late on "
+           "Thursdays."],
+    "de": ["Der Fluss fließt durch die Altstadt. Im Sommer spielen Kinder an der Brücke. Im Winter friert das "
+           "Wasser.", "Bibliotheken leihen allen Menschen Bücher. Viele bieten auch Musik und Filme an. Manche "
+           "öffnen donnerstags länger."],
+    "ru": ["Река течёт через старый город. Летом дети играют у моста. Зимой вода замерзает.",
+           "Библиотеки дают книги всем. Многие предлагают музыку и фильмы. Некоторые работают допоздна по "
+           "четвергам."],
+    "ar": ["يمر النهر عبر المدينة القديمة. يلعب الأطفال قرب الجسر في الصيف. في الشتاء يتجمد الماء.",
+           "تعير المكتبات الكتب للجميع. كثير منها يقدم الموسيقى والأفلام. بعضها يفتح متأخرا يوم الخميس."],
+    "hi": ["नदी पुराने शहर से होकर बहती है। गर्मियों में बच्चे पुल के पास खेलते हैं। सर्दियों में पानी जम जाता है।",
+           "पुस्तकालय सभी को किताबें देते हैं। कई संगीत और फ़िल्में भी देते हैं। कुछ गुरुवार को देर तक खुले रहते हैं।"],
+    "zh": ["河流穿过老城。夏天孩子们在桥边玩耍。冬天河水结冰。",
+           "图书馆向所有人借书。很多图书馆也提供音乐和电影。有些图书馆星期四开到很晚。"],
+    "ja": ["川は古い町を流れている。夏には子供たちが橋の近くで遊ぶ。冬には水が凍る。",
+           "図書館は誰にでも本を貸す。音楽や映画を貸す図書館も多い。木曜日に遅くまで開く図書館もある。"],
+}
+
+
+@needs_zh
+@needs_ja
+def test_the_multilingual_recipe_prepares_one_folder_per_language(tmp_path, monkeypatch):
+    from bertrain.config import load_recipe
+
+    for language, documents in MULTILINGUAL.items():
+        folder = tmp_path / "corpus" / language
+        folder.mkdir(parents=True)
+        for number, text in enumerate(documents):
+            (folder / f"{number}.txt").write_text(text + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe("multilingual_local", ["tokenizer.vocab_size=500", "prepare.workers=1",
+                                                "prepare.num_shards=1", "prepare.validation_fraction=0"])
+    manifest = prepare_corpus(recipe, tmp_path / "data")
+    counts = manifest["counts"]
+    assert counts["documents_written"] == 14
+    assert counts["documents_segmented_zh"] == 2 and counts["documents_segmented_ja"] == 2   # found by script
+    prepared = open_prepared(tmp_path / "data")
+    tokenizer = load_tokenizer(prepared.tokenizer_dir)
+    text = tokenizer.decode(np.asarray(prepared.split("train").shards[0].tokens).tolist())
+    for kept in ("पुराने", "Brücke", "течёт", "القديمة", "Libraries"):       # case and marks kept
+        assert kept in text
