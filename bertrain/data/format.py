@@ -41,7 +41,7 @@ def token_dtype_for(vocab_size: int) -> np.dtype:
 
 def shard_paths(split_dir: Path, name: str, version: int = FORMAT_VERSION) -> dict[str, Path]:
     """The array files of a shard, in the order they are written (documents last)."""
-    parts = ("tokens", "sentences", "word_starts", "documents") if version >= 2 else ("tokens", "sentences", "documents")
+    parts = ("tokens", "sentences") + (("word_starts",) if version >= 2 else ()) + ("documents",)
     return {part: split_dir / f"{name}.{part}.npy" for part in parts}
 
 

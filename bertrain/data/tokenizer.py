@@ -234,7 +234,7 @@ def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out
 
 
 def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -> dict[str, Any]:
-    """Unknown-token rate and tokens per whitespace-separated word on some texts."""
+    """Unknown-token rate, tokens per whitespace-separated word and per character (for text without spaces)."""
     unk = tokenizer.token_to_id(SPECIAL_TOKENS["wordpiece"]["unk"])
     if unk is None:
         unk = tokenizer.token_to_id(SPECIAL_TOKENS["unigram"]["unk"])
@@ -259,7 +259,7 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
     if batch:
         flush()
     return {"unk_rate": unknown / tokens if tokens else 0.0, "tokens_per_word": tokens / words if words else 0.0,
-            "measured_words": words}
+            "tokens_per_char": tokens / chars if chars else 0.0, "measured_words": words}
 
 
 def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bool = True,
