@@ -185,13 +185,14 @@ def _choose(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, elig
     if settings.masking == "ngram":
         chosen = _take_in_order(np.where(eligible, _span_order(settings, keys, units), _NEVER), budget)
     unit_order = keyed_bits(keys[:, None], units, STREAM_PRIORITY)
-    length = _unit_lengths(units, eligible)
+    length = np.ones_like(units) if settings.masking == "token" else _unit_lengths(units, eligible)
     for _ in range(FILL_PASSES):
-        left = budget - chosen.sum(axis=1)
-        if not left.any():
+        rows = np.flatnonzero(chosen.sum(axis=1) < budget)      # only rows with room left
+        if not len(rows):
             break
-        fits = eligible & ~chosen & (length <= left[:, None])
-        chosen |= _take_in_order(np.where(fits, unit_order, _NEVER), left)
+        left = budget[rows] - chosen[rows].sum(axis=1)
+        fits = eligible[rows] & ~chosen[rows] & (length[rows] <= left[:, None])
+        chosen[rows] |= _take_in_order(np.where(fits, unit_order[rows], _NEVER), left)
     return chosen
 
 
