@@ -35,7 +35,7 @@ from bertrain.data.format import open_prepared  # noqa: E402
 from bertrain.data.loader import masking_settings, train_dataset  # noqa: E402
 from bertrain.data.masking import word_start_table  # noqa: E402
 from bertrain.data.prepare import prepare_corpus  # noqa: E402
-from bertrain.data.word_units import WordSegmenter, word_starts_for  # noqa: E402
+from bertrain.data.word_units import WordSegmenter, encode, word_starts_for  # noqa: E402
 from bertrain.tokenizer_file import load_tokenizer  # noqa: E402
 
 LANGUAGES = ("zh", "ja", "hi", "th", "ar", "ru", "de", "en")
@@ -117,7 +117,8 @@ def partial_unit_share(data_dir: Path, documents, language: str | None) -> float
     for text, words in (pair for document in documents for pair in document):
         encoding = tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, dtype=np.int64)
-        starts, _ = word_starts_for(tokenizer, [text], [language], ids, np.array([len(ids)]), table, segmenter)
+        _, offsets = encode(tokenizer, [text], [language])
+        starts, _ = word_starts_for([text], [language], ids, np.array([len(ids)]), offsets, table, segmenter)
         gold = gold_spans(text, words)
         bounds = np.flatnonzero(starts).tolist() + [len(ids)]
         for first, stop in zip(bounds[:-1], bounds[1:]):

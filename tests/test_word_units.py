@@ -47,16 +47,64 @@ def test_documents_are_segmented_by_script():
     assert document_language("Plain English.", "ja") == "ja"
 
 
+def reference_word_starts(offsets, spans, length) -> list[bool]:
+    """The rule of segmented_word_starts for one sentence, token by token (an independent reference)."""
+    in_word, begins = [False] * (length + 1), [False] * (length + 1)
+    for start, end in spans:
+        for char in range(start, end):
+            in_word[char] = True
+        begins[start] = True
+    flags, seen = [], 0
+    for start, end in offsets:
+        new = range(max(start, seen), end)
+        first = next((char for char in new if in_word[char]), None)
+        flags.append(False if not new else None if first is None else begins[first])
+        seen = max(seen, end)
+    starts = []
+    for index, flag in enumerate(flags):
+        after_space = index > 0 and flags[index - 1] is None
+        if flag is None:
+            flag = next((later for later in flags[index + 1:] if later is not None), True)
+        starts.append(index == 0 or (bool(flag) and not after_space))
+    return starts
+
+
 def test_token_word_starts_follow_the_segmenter_words_by_character_offsets():
     # " 我用 Python编程" as a Unigram tokenizer cuts it: ▁我 | 用 | ▁ | P | y | thon | 编 | 程
     sentence = " 我用 Python编程"
     offsets = [(0, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 10), (10, 11), (11, 12)]
     words = [(1, 2), (2, 3), (4, 10), (10, 12)]                    # 我 | 用 | Python | 编程
-    starts = segmented_word_starts(offsets, words, len(sentence))
+    expected = [True, True, True, False, False, False, True, False]
     # The bare "▁" belongs to the word after it; "y", "thon" continue Python; 程 continues 编程.
-    assert starts.tolist() == [True, True, True, False, False, False, True, False]
-    # A token across a word boundary joins the words it touches: the next token continues them.
-    assert segmented_word_starts([(0, 3), (3, 4), (4, 5)], [(0, 2), (2, 4), (4, 5)], 5).tolist() == [True, False, True]
+    assert reference_word_starts(offsets, words, len(sentence)) == expected
+    # A token across a word end joins the words it touches: the next token continues them; a prepended "▁"
+    # mapped to the first character (as Metaspace does) makes the token for that character a continuation.
+    across = ([(0, 3), (3, 4), (4, 5)], [(0, 2), (2, 4), (4, 5)], 5)
+    prepended = ([(0, 1), (0, 1), (1, 2)], [(0, 1), (1, 2)], 2)
+    assert reference_word_starts(*across) == [True, False, True]
+    assert reference_word_starts(*prepended) == [True, False, True]
+    cases = [(offsets, words, len(sentence)), across, prepended]
+    batch = segmented_word_starts(*map(list, zip(*cases)))
+    assert batch.tolist() == expected + [True, False, True] + [True, False, True]
+
+
+def test_the_vectorized_word_starts_agree_with_the_reference_on_random_sentences():
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(300):
+        length = int(rng.integers(1, 30))
+        cuts = np.sort(rng.choice(np.arange(1, length), size=min(length - 1, int(rng.integers(0, 10))), replace=False))
+        bounds = [0, *cuts.tolist(), length]
+        spans = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if rng.random() < 0.8]   # the rest: spaces
+        offsets, position = [], 0
+        while position < length:                        # tokens: empty, overlapping, across word ends
+            start = max(0, position - int(rng.random() < 0.1))
+            end = min(length, start + int(rng.integers(0, 4)))
+            offsets.append((start, end))
+            position = max(position, end) if end > start else position + (rng.random() < 0.5)
+        cases.append((offsets, spans, length))
+    batch = segmented_word_starts(*map(list, zip(*cases)))
+    assert batch.tolist() == [flag for case in cases for flag in reference_word_starts(*case)]
 
 
 @needs_zh

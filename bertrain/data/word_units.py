@@ -17,7 +17,6 @@ KANA = "\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f"
 _UNSPACED = re.compile(f"[{HAN}{KANA}]")
 _KANA = re.compile(f"[{KANA}]")
 _WORD_CHAR = re.compile(r"\w")
-_SPACE = re.compile(r"\s")
 UNSPACED_SHARE = 0.3   # `auto`: a document is segmented when at least this share of its letters is Han or kana,
 KANA_SHARE = 0.05      # and it is Japanese when at least this share of those is kana (Chinese has none)
 SEGMENTERS = ("zh", "ja")
@@ -95,48 +94,78 @@ class WordSegmenter:
         if language not in self._cut:
             self._cut[language] = _load(language)
         return [(start, end) for start, end in self._cut[language](sentence)
-                if not _SPACE.fullmatch(sentence[start:end] or " ")]
+                if end > start and not sentence[start:end].isspace()]
 
 
-def segmented_word_starts(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], length: int) -> np.ndarray:
-    """[tokens] bool: does each token (character offsets) start a unit? A token whose first word character begins
-    a word of `spans` does; one that begins inside a word continues the unit (so a token across a word boundary
-    joins the words it touches); a token without a word character (a bare "▁", a space) starts the next word."""
-    in_word = [False] * (length + 1)
-    begins = [False] * (length + 1)
-    for start, end in spans:
-        in_word[start:end] = [True] * (end - start)
-        begins[start] = True
-    flags: list[Optional[bool]] = []
-    seen = 0   # a prepended "▁" maps to the first character, which the next token maps to again
-    for start, end in offsets:
-        new = range(max(start, seen), end)
-        first = next((char for char in new if in_word[char]), None)
-        flags.append(False if not new else None if first is None else begins[first])
-        seen = max(seen, end)
-    starts = []
-    for index, flag in enumerate(flags):
-        after_space = index > 0 and flags[index - 1] is None     # the space before started this unit
-        if flag is None:
-            flag = next((later for later in flags[index + 1:] if later is not None), True)
-        starts.append(bool(flag) and not after_space)
-    return np.asarray(starts, dtype=bool)
+def segmented_word_starts(offsets: list[list[tuple[int, int]]], spans: list[list[tuple[int, int]]],
+                          lengths: list[int]) -> np.ndarray:
+    """Word starts of the tokens of several sentences (their character `offsets`, their words' `spans`, their
+    `lengths`), concatenated. A token whose first new word character begins a word starts a unit; one that begins
+    inside a word continues it (so a token across a word end joins the words it touches); a token without a
+    word character (a bare "▁", a space) starts the next word's unit; a sentence's first token starts one."""
+    base = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64) + 1)])   # sentences one char apart
+    total = int(base[-1])
+    sentence = np.repeat(np.arange(len(offsets)), [len(o) for o in offsets])
+    tokens = np.array([pair for o in offsets for pair in o], dtype=np.int64).reshape(-1, 2) + base[sentence, None]
+    span_sentence = np.repeat(np.arange(len(spans)), [len(s) for s in spans])
+    words = np.array([pair for s in spans for pair in s], dtype=np.int64).reshape(-1, 2) + base[span_sentence, None]
+    cover = np.zeros(total + 1, dtype=np.int64)
+    np.add.at(cover, words[:, 0], 1)
+    np.add.at(cover, words[:, 1], -1)
+    in_word = np.cumsum(cover) > 0                                          # [total + 1]
+    begins = np.zeros(total + 1, dtype=bool)
+    begins[words[:, 0]] = True
+    # The first word character at or after each position (total + 1 where none is).
+    next_word = np.minimum.accumulate(np.where(in_word, np.arange(total + 1), total + 1)[::-1])[::-1]
+    next_word = np.append(next_word, total + 1)
+    start, end = tokens[:, 0], tokens[:, 1]
+    # A prepended "▁" maps to the first character, which the next token maps to again: only new characters count.
+    seen = np.maximum.accumulate(np.concatenate([[0], end[:-1]])) if len(end) else end
+    new_start = np.maximum(start, seen)
+    first = next_word[np.minimum(new_start, total + 1)]
+    flag = np.where(new_start >= end, 0, np.where(first < end, begins[np.minimum(first, total)], -1))
+    # Tokens without a word character (-1) take the flag of the next token that has one, in the same sentence.
+    count = len(flag)
+    index = np.where(flag >= 0, np.arange(count), count)
+    following = np.minimum.accumulate(index[::-1])[::-1] if count else index
+    same = np.append(sentence, -1)[following] == sentence
+    filled = np.where(flag >= 0, flag, np.where(same, np.append(flag, 1)[following], 1))
+    new_sentence = np.ones(count, dtype=bool)
+    new_sentence[1:] = sentence[1:] != sentence[:-1]
+    after_space = np.zeros(count, dtype=bool)
+    after_space[1:] = (flag[:-1] < 0) & ~new_sentence[1:]                  # the space before started this unit
+    return ((filled > 0) & ~after_space) | new_sentence
 
 
-def word_starts_for(tokenizer: Any, sentences: list[str], languages: list[Optional[str]], ids: np.ndarray,
-                    sizes: np.ndarray, table: np.ndarray, segmenter: WordSegmenter) -> tuple[np.ndarray, int]:
-    """(word start of each token of the sentences' concatenated `ids`, segmenter words counted): the tokenizer's
-    marks (`table` by token id) in spaced sentences, the segmenter's words in the others (encoded again, with
-    offsets)."""
-    starts = table[ids]
+def encode(tokenizer: Any, sentences: list[str], languages: list[Optional[str]]) -> tuple[list[list[int]], dict]:
+    """(token ids of each sentence, {index: character offsets of its tokens} for the sentences to segment):
+    offsets cost time, so spaced sentences are encoded without them."""
     unspaced = [index for index, language in enumerate(languages) if language is not None]
-    words = 0
-    if unspaced:
-        first = np.concatenate([[0], np.cumsum(sizes)])
-        encodings = tokenizer.encode_batch([sentences[i] for i in unspaced], add_special_tokens=False)
-        for index, encoding in zip(unspaced, encodings):
-            spans = segmenter.spans(languages[index], sentences[index])
-            words += len(spans)
-            starts[first[index]:first[index + 1]] = segmented_word_starts(encoding.offsets, spans,
-                                                                          len(sentences[index]))
-    return starts, words
+    if not unspaced:
+        return [e.ids for e in tokenizer.encode_batch_fast(sentences, add_special_tokens=False)], {}
+    spaced = [index for index, language in enumerate(languages) if language is None]
+    id_lists: list[list[int]] = [[] for _ in sentences]
+    for index, encoding in zip(spaced, tokenizer.encode_batch_fast([sentences[i] for i in spaced],
+                                                                   add_special_tokens=False)):
+        id_lists[index] = encoding.ids
+    offsets = {}
+    for index, encoding in zip(unspaced, tokenizer.encode_batch([sentences[i] for i in unspaced],
+                                                                add_special_tokens=False)):
+        id_lists[index], offsets[index] = encoding.ids, encoding.offsets
+    return id_lists, offsets
+
+
+def word_starts_for(sentences: list[str], languages: list[Optional[str]], ids: np.ndarray, sizes: np.ndarray,
+                    offsets: dict, table: np.ndarray, segmenter: WordSegmenter) -> tuple[np.ndarray, int]:
+    """(word start of each token of the sentences' concatenated `ids`, segmenter words counted): the tokenizer's
+    marks (`table` by token id) in spaced sentences, the segmenter's words in those with `offsets` (see encode)."""
+    starts = table[ids]
+    if not offsets:
+        return starts, 0
+    unspaced = sorted(offsets)
+    spans = [segmenter.spans(languages[i], sentences[i]) for i in unspaced]
+    first = np.concatenate([[0], np.cumsum(sizes)])
+    positions = np.concatenate([np.arange(first[i], first[i + 1]) for i in unspaced])
+    starts[positions] = segmented_word_starts([offsets[i] for i in unspaced], spans,
+                                              [len(sentences[i]) for i in unspaced])
+    return starts, sum(map(len, spans))

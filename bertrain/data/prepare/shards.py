@@ -16,7 +16,7 @@ from bertrain.data.masking import word_start_table
 from bertrain.data.prepare.pool import Workers, local_progress, report_progress
 from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, read_json, write_json
-from bertrain.data.word_units import WordSegmenter, document_language, word_starts_for
+from bertrain.data.word_units import WordSegmenter, document_language, encode, word_starts_for
 from bertrain.tokenizer_file import load_tokenizer
 
 ENCODE_BATCH_SENTENCES = 4096
@@ -65,11 +65,11 @@ class _SentenceEncoder:
         batch = self.batch
         if not batch:
             return
-        id_lists = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(batch, add_special_tokens=False)]
+        id_lists, offsets = encode(self.tokenizer, batch, self.batch_language)
         sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         ids = np.fromiter(chain.from_iterable(id_lists), dtype=self.dtype, count=int(sizes.sum()))
         ids.tofile(self.out)
-        starts, segmented_words = word_starts_for(self.tokenizer, batch, self.batch_language, ids, sizes,
+        starts, segmented_words = word_starts_for(batch, self.batch_language, ids, sizes, offsets,
                                                   self.word_start_table, self.segmenter)
         starts.astype(np.uint8).tofile(self.starts_out)
         keep = sizes > 0
