@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bertrain.config import Recipe, load_config  # noqa: E402
 from bertrain.config.schema import PrepareConfig, SourceConfig, TokenizerConfig  # noqa: E402
 from bertrain.data.format import open_prepared  # noqa: E402
-from bertrain.data.loader import masking_settings, train_dataset  # noqa: E402
+from bertrain.data.loader import train_dataset  # noqa: E402
 from bertrain.data.masking import word_start_table  # noqa: E402
 from bertrain.data.prepare import prepare_corpus  # noqa: E402
 from bertrain.data.word_units import WordSegmenter, encode, word_starts_for  # noqa: E402

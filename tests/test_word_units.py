@@ -130,6 +130,14 @@ def test_a_missing_segmenter_names_the_extra_to_install(monkeypatch):
         WordSegmenter().spans("ja", "吾輩は猫である。")
 
 
+def test_prepare_of_a_chinese_corpus_without_its_segmenter_stops_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rjieba", None)
+    with pytest.raises(DataError, match=r"Chinese documents.*pip install 'bertrain\[zh\]'"):
+        prepare_sentences(tmp_path, [list(CHINESE)], "wordpiece")
+    manifest, _ = prepare_sentences(tmp_path, [list(CHINESE)], "wordpiece", segmenter="none")   # or opt out
+    assert "documents_segmented_zh" not in manifest["counts"]
+
+
 def prepare_sentences(root, documents: list[list[str]], kind: str, segmenter: str = "auto"):
     """prepare on documents written one sentence per line (a blank line between documents)."""
     corpus = root / "corpus.txt"
