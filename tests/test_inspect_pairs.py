@@ -29,6 +29,16 @@ def test_statistics_cover_at_least_min_tokens_and_say_how_many(tmp_path):
     assert "Warning" not in text
 
 
+def test_a_realized_masking_rate_off_by_more_than_a_point_is_warned_about(tmp_path):
+    data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=120)
+    out = io.StringIO()
+    config = load_config("tiny_bert", ["train.batch_size=16", "data.max_predictions_per_seq=4"])
+    stats = show_pairs(data, config, 1, make_console(file=out))
+    text = " ".join(out.getvalue().split())
+    assert stats["masked_fraction_of_eligible"] < 0.12            # 4 predictions in ~60 tokens
+    assert "realized masking rate" in text and "data.max_predictions_per_seq 4 is below" in text
+
+
 def test_a_small_corpus_is_used_whole(tmp_path):
     data = make_prepared_dir(tmp_path / "data", kind="wordpiece", num_documents=40, max_paragraphs=200)
     out = io.StringIO()

@@ -198,3 +198,27 @@ def test_word_masking_with_an_unknown_tokenizer_kind_is_a_clear_error(tmp_path):
     rewrite_manifest(data_dir, kind="wordpiece", word_marker="▁")
     with pytest.raises(DataError, match="word_marker"):
         masking_settings(open_prepared(data_dir), DataConfig(masking="ngram"))
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+@pytest.mark.parametrize("mode", ["token", "whole_word", "ngram"])
+@pytest.mark.parametrize("cap", [None, 20])
+def test_each_sequence_predicts_round_15_percent_of_its_tokens(data_dirs, kind, mode, cap):
+    # Google's num_to_predict = min(max_predictions_per_seq, max(1, round(0.15 x tokens))) per sequence: exact for
+    # tokens; whole units may leave less than one unit's length short (the fill passes take what still fits).
+    config = DataConfig(objective="sop", max_seq_length=128, masking=mode, max_predictions_per_seq=cap)
+    ids, special, masked, labels = collect(data_dirs[kind], config, batches=4)
+    chosen = labels != IGNORE_INDEX
+    eligible = (~special).sum(axis=1)
+    target = np.maximum(1, np.rint(0.15 * eligible)).astype(int)
+    target = np.minimum(target, cap) if cap else target
+    count = chosen.sum(axis=1)
+    assert (count <= target).all()
+    if mode == "token":
+        assert np.array_equal(count, target)
+    else:
+        words = words_of(ids, special, kind, data_dirs[kind])
+        longest = np.array([np.bincount(w[~s]).max() for w, s in zip(words, special)])
+        assert (count > target - longest).all()
+    # The realized rate is the configured 15% within half a point (the rounding of short rows aside).
+    assert abs(count.sum() / target.sum() - 1) < 0.01 and abs(target.sum() / eligible.sum() - 0.15) < 0.005

@@ -34,14 +34,17 @@ def recut(data_dir, layout: str, seed: int = 0, copies: int = 3, max_sentence_to
     for record, shard in zip(records, shards):
         offsets = np.asarray(shard.sentence_offsets)
         tokens = np.asarray(shard.tokens)
+        starts = np.unpackbits(np.asarray(shard.word_starts), count=len(tokens)).astype(bool)
         kept = np.flatnonzero(np.diff(offsets) <= max_sentence_tokens)
         order = np.concatenate([rng.permutation(kept) for _ in range(copies)])
         pieces = [tokens[offsets[i]:offsets[i + 1]] for i in order]
+        piece_starts = [starts[offsets[i]:offsets[i + 1]] for i in order]
         sizes = rng.integers(1, 7, size=len(order)) if layout == "short" else rng.integers(50, 201, size=len(order))
         cuts = np.cumsum(sizes)
         documents = np.concatenate([[0], cuts[cuts < len(order)], [len(order)]])
         new_offsets = np.concatenate([[0], np.cumsum([len(piece) for piece in pieces])])
-        record.update(write_shard(data_dir / "train", record["name"], np.concatenate(pieces), new_offsets, documents))
+        record.update(write_shard(data_dir / "train", record["name"], np.concatenate(pieces), new_offsets, documents,
+                                  np.concatenate(piece_starts)))
     del shards
     train = manifest["splits"]["train"]
     for key in ("documents", "sentences", "tokens"):

@@ -18,14 +18,16 @@ RECIPES = sorted(shipped_dir("data_recipes").glob("*.yaml"))
 
 # Parameter counts of the pretraining models as published (BERT paper; ALBERT paper, Table 1),
 # with the papers' vocabularies: 30522 WordPieces for BERT, 30000 SentencePieces for ALBERT.
-PUBLISHED_PARAMETERS = {"bert_base": 110e6, "bert_large": 340e6, "albert_base": 12e6, "albert_large": 18e6}
+PUBLISHED_PARAMETERS = {"bert_base": 110e6, "bert_large": 340e6, "albert_base": 12e6, "albert_large": 18e6,
+                        "bert_base_zh_wwm": 110e6}
 
 
 def test_something_ships():
     names = {p.stem for p in CONFIGS}
     assert {"bert_base", "bert_large", "bert_base_phase2", "bert_large_phase2", "albert_base", "albert_large",
-            "tiny_albert", "tiny_bert", "demo_albert", "demo_bert"} <= names
-    assert {"wikipedia_en", "gutenberg_en", "c4_de", "local_text", "local_jsonl"} <= {p.stem for p in RECIPES}
+            "tiny_albert", "tiny_bert", "demo_albert", "demo_bert", "bert_base_zh_wwm", "bert_base_zh_wwm_phase2"} <= names
+    assert {"wikipedia_en", "gutenberg_en", "c4_de", "local_text", "local_jsonl", "wikipedia_zh",
+            "multilingual_local"} <= {p.stem for p in RECIPES}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -79,7 +81,8 @@ def test_configs_name_recipes_whose_tokenizer_fits_the_model():
     assert checked >= 4
 
 
-@pytest.mark.parametrize("phase1,phase2", [("bert_base", "bert_base_phase2"), ("bert_large", "bert_large_phase2")])
+@pytest.mark.parametrize("phase1,phase2", [("bert_base", "bert_base_phase2"), ("bert_large", "bert_large_phase2"),
+                                           ("bert_base_zh_wwm", "bert_base_zh_wwm_phase2")])
 def test_phase2_continues_phase1(phase1, phase2):
     first, second = load_config(phase1), load_config(phase2)
     assert (first.data.max_seq_length, second.data.max_seq_length) == (128, 512)

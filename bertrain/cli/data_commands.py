@@ -118,7 +118,7 @@ def tokenizer_train(
 ) -> None:
     """Train a tokenizer on the recipe's sources (documents cleaned and split as `prepare` does).
 
-    Held-out validation documents (prepare.validation_fraction) give the unknown-token rate and tokens per word.
+    Held-out validation documents (prepare.validation_fraction) give the unknown-token rate, tokens per word and per character.
 
     Example: bertrain tokenizer train --source corpus/ --kind unigram --out tok/
     """

@@ -261,6 +261,13 @@ class PrepareConfig:
     max_document_chars: int = opt(
         10_000_000, "Plain-text files (one document per file) longer than this are cut into several "
         "documents at paragraph boundaries (counted), which keeps memory bounded.")
+    word_segmenter: Literal["auto", "none", "zh", "ja"] = opt(
+        "auto", "Where the words of whole-word and n-gram masking come from in text without spaces. `auto`: each "
+        "document whose letters are at least 30% Han or kana is cut into words by a segmenter, Japanese (fugashi + "
+        "unidic-lite, `pip install 'bertrain[ja]'`) when 5% of those are kana, else Chinese (rjieba, `pip install "
+        "'bertrain[zh]'`); other documents use the tokenizer's word marks (spaces, punctuation). `zh` / `ja`: that "
+        "segmenter for every document. `none`: the tokenizer's marks everywhere (with WordPiece every Chinese "
+        "character is a word, as in Google's BERT; with Unigram an unspaced run is one word).")
 
 
 @dataclass

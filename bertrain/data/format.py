@@ -7,10 +7,13 @@ DATA_DIR/
   tokenizer/                         tokenizer.json + tokenizer_config.json + special_tokens_map.json
   {split}/shard-NNNNN.tokens.npy     1-D uint16 (vocab <= 65536) or uint32: all sentences' tokens, concatenated
   {split}/shard-NNNNN.sentences.npy  1-D int64, n_sentences + 1 token offsets: sentence i = tokens[s[i]:s[i+1]]
+  {split}/shard-NNNNN.word_starts.npy  1-D uint8, np.packbits of one bit per token: does it start a word (the
+                                     unit of whole-word and n-gram masking; see bertrain.data.word_units)
   {split}/shard-NNNNN.documents.npy  1-D int64, n_documents + 1 sentence offsets: doc j = sentences d[j]..d[j+1]
 
-Opened with np.load(mmap_mode="r"); a shard is complete only when its three files exist (written under temporary
-names, then renamed).
+Opened with np.load(mmap_mode="r"); a shard is complete only when its files exist (written under temporary
+names, then renamed). Format version 1 (no word_starts files) is still read: its word starts come from the
+tokenizer's marks, as they did when it was written.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import numpy as np
 from bertrain.errors import DataError
 from bertrain.files import write_atomic
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 SPLITS = ("train", "validation")
 
 
@@ -35,9 +39,10 @@ def token_dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
 
 
-def shard_paths(split_dir: Path, name: str) -> dict[str, Path]:
-    """The three array files of a shard."""
-    return {part: split_dir / f"{name}.{part}.npy" for part in ("tokens", "sentences", "documents")}
+def shard_paths(split_dir: Path, name: str, version: int = FORMAT_VERSION) -> dict[str, Path]:
+    """The array files of a shard, in the order they are written (documents last)."""
+    parts = ("tokens", "sentences") + (("word_starts",) if version >= 2 else ()) + ("documents",)
+    return {part: split_dir / f"{name}.{part}.npy" for part in parts}
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
@@ -48,8 +53,9 @@ def _atomic_save(path: Path, array: np.ndarray) -> None:
 
 
 def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_offsets: np.ndarray,
-                document_offsets: np.ndarray) -> dict[str, int]:
-    """Write one shard atomically (documents file last: its presence marks completion)."""
+                document_offsets: np.ndarray, word_starts: np.ndarray) -> dict[str, int]:
+    """Write one shard atomically (documents file last: its presence marks completion); `word_starts` is one
+    bool per token."""
     split_dir = Path(split_dir)
     split_dir.mkdir(parents=True, exist_ok=True)
     sentence_offsets = np.asarray(sentence_offsets, dtype=np.int64)
@@ -58,9 +64,12 @@ def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_o
         raise ValueError("sentence offsets must start at 0 and end at len(tokens)")
     if document_offsets[0] != 0 or document_offsets[-1] != len(sentence_offsets) - 1:
         raise ValueError("document offsets must start at 0 and end at the number of sentences")
+    if len(word_starts) != len(tokens):
+        raise ValueError("word starts must have one entry per token")
     paths = shard_paths(split_dir, name)
     _atomic_save(paths["tokens"], np.asarray(tokens))
     _atomic_save(paths["sentences"], sentence_offsets)
+    _atomic_save(paths["word_starts"], np.packbits(np.asarray(word_starts, dtype=bool)))
     _atomic_save(paths["documents"], document_offsets)
     return {"name": name, "documents": len(document_offsets) - 1, "sentences": len(sentence_offsets) - 1,
             "tokens": int(len(tokens))}
@@ -89,6 +98,7 @@ class Shard:
     tokens: np.ndarray             # [n_tokens] uint16/uint32
     sentence_offsets: np.ndarray   # [n_sentences + 1] int64 into tokens
     document_offsets: np.ndarray   # [n_documents + 1] int64 into sentences
+    word_starts: np.ndarray | None = None   # [ceil(n_tokens / 8)] uint8 packed bits; None in format version 1
 
 
 @dataclass
@@ -134,6 +144,11 @@ class PreparedData:
     def tokenizer_dir(self) -> Path:
         return self.path / "tokenizer"
 
+    @property
+    def has_word_starts(self) -> bool:
+        """Whether the shards store word starts (format version 2 on), else they come from the tokenizer."""
+        return int(self.manifest["format_version"]) >= 2
+
     def split(self, name: str) -> Split:
         """Memory-map every shard of a split listed in the manifest."""
         entry = self.manifest["splits"].get(name)
@@ -141,14 +156,15 @@ class PreparedData:
             raise DataError(f"{self.path}: the manifest has no '{name}' split. Run `bertrain prepare` again.")
         shards = []
         for record in entry["shards"]:
-            paths = shard_paths(self.path / name, record["name"])
+            paths = shard_paths(self.path / name, record["name"], int(self.manifest["format_version"]))
             try:
                 arrays = {part: np.load(p, mmap_mode="r") for part, p in paths.items()}
             except (OSError, ValueError) as error:
                 raise DataError(
                     f"{self.path}: shard {name}/{record['name']} is missing or damaged ({error}). "
                     f"Run `bertrain prepare` again with the same --out to rebuild it.") from None
-            shards.append(Shard(record["name"], arrays["tokens"], arrays["sentences"], arrays["documents"]))
+            shards.append(Shard(record["name"], arrays["tokens"], arrays["sentences"], arrays["documents"],
+                                arrays.get("word_starts")))
         return Split(name, shards)
 
 
@@ -168,9 +184,10 @@ def open_prepared(data_dir: str | Path) -> PreparedData:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"{manifest_path} cannot be read ({error}). Run `bertrain prepare` again.") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise DataError(f"{manifest_path} has format version {manifest.get('format_version')}, this bertrain "
-                        f"reads version {FORMAT_VERSION}. Prepare the data again with this version.")
+                        f"reads versions {', '.join(map(str, READABLE_VERSIONS))}. Prepare the data again with "
+                        f"this version.")
     if manifest.get("fingerprint") != fingerprint(manifest):
         raise DataError(f"{manifest_path} was modified after it was written (fingerprint mismatch). "
                         f"Prepare the data again.")

@@ -9,6 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from bertrain.data.format import open_prepared
+from bertrain.data.prepare.report import token_rate_row
 from bertrain.data.split_index import index_split
 from bertrain.tokenizer_file import load_tokenizer
 
@@ -46,7 +47,7 @@ def show_data_summary(data_dir: str | Path, console: Any, num_documents: int = 3
     stats = tokenizer.get("stats", {})
     if stats:
         summary.add_row("unknown-token rate", f"{stats.get('unk_rate', 0):.4%} ({stats.get('measured_on')})")
-        summary.add_row("tokens per word", f"{stats.get('tokens_per_word', 0):.3f}")
+        summary.add_row(*token_rate_row(stats, manifest.get("counts", {})))
     summary.add_row("token dtype", manifest["token_dtype"])
     for name, split in manifest["splits"].items():
         summary.add_row(name, f"{split['documents']:,} documents, {split['sentences']:,} sentences, "

@@ -28,6 +28,7 @@ MIN_COVERAGE = 0.95   # warn when the epoch's full batches hold less of the trai
 # Statistics cover at least this many tokens (or the whole epoch): ~3,000 masked positions, so the 80/10/10
 # shares carry ~1 point of sampling noise and the masked fraction ~0.3 point.
 MIN_STATISTICS_TOKENS = 20_000
+RATE_WARNING_POINTS = 1.0   # warn when the realized masking rate is this far from data.mlm_probability
 
 
 def _split_config(config: str | Path | Config | None) -> tuple[DataConfig, int, int]:
@@ -172,6 +173,24 @@ def _print_statistics(stats: dict[str, float], counts: dict[str, int], data_conf
                "is dropped. A longer max_seq_length or a smaller batch keeps more")
         console.print(f"[yellow]Warning:[/] this epoch trains on only {stats['coverage_in_batches']:.1%} of the "
                       f"training tokens ({stats['coverage']:.1%} are in its instances): {why}.")
+    warning = masking_rate_warning(stats, data_config)
+    if warning:
+        console.print(f"[yellow]Warning:[/] {escape(warning)}", soft_wrap=True, highlight=False)
+
+
+def masking_rate_warning(stats: dict[str, float], data_config) -> str | None:
+    """A warning when the realized masking rate is more than RATE_WARNING_POINTS from the configured one."""
+    realized, configured = stats["masked_fraction_of_eligible"], data_config.mlm_probability
+    if abs(realized - configured) * 100 <= RATE_WARNING_POINTS:
+        return None
+    eligible = stats["tokens_per_instance"] - 3
+    cap = data_config.max_predictions_per_seq
+    why = (f" data.max_predictions_per_seq {cap} is below {configured:.0%} of the ~{eligible:.0f} tokens of an "
+           f"instance: raise it to at least {int(configured * (data_config.max_seq_length - 2)) + 1}."
+           if cap is not None and cap < configured * eligible else
+           " Instances are very short (each predicts at least one token).")
+    return (f"the realized masking rate is {realized:.1%} of eligible tokens, {abs(realized - configured) * 100:.1f} "
+            f"points from data.mlm_probability {configured:.1%}.{why}")
 
 
 def print_audit(results: list[ProbeResult], objective: str, console) -> bool:

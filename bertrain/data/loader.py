@@ -18,7 +18,7 @@ from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
 from bertrain.data.pairs import EpochPlan, build_plan
-from bertrain.data.split_index import SplitIndex, gather_tokens, index_split
+from bertrain.data.split_index import SplitIndex, gather_bits, gather_tokens, index_split
 from bertrain.errors import DataError, UsageError
 
 _KEY_STREAMS = {"train": 1, "validation": 2}
@@ -107,18 +107,25 @@ class MicroBatchDataset:
         self.seed, self.epoch = seed, epoch
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self.token_base = split_index(prepared, split).token_base
-        self._tokens = [shard.tokens for shard in prepared.split(split).shards]
+        # Word units stored by prepare (format 2) when the masking needs them; else the tokenizer's marks.
+        self.stored_word_starts = settings.masking != "token" and prepared.has_word_starts
+        self._open(prepared)
+
+    def _open(self, prepared: PreparedData) -> None:
+        shards = prepared.split(self.split_name).shards
+        self._tokens = [shard.tokens for shard in shards]
+        self._word_starts = [shard.word_starts for shard in shards] if self.stored_word_starts else None
 
     def __len__(self) -> int:
         return len(self.plan) // (self.micro_batch_size * self.world_size)
 
     def __getstate__(self) -> dict:
         # Worker processes reopen the memory maps instead of receiving a copy of the tokens.
-        return {k: v for k, v in self.__dict__.items() if k != "_tokens"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_tokens", "_word_starts")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._tokens = [shard.tokens for shard in open_prepared(self.data_path).split(self.split_name).shards]
+        self._open(open_prepared(self.data_path))
 
     def positions(self, micro_batch: int) -> np.ndarray:
         """[B] positions in the epoch order of this rank's instances of a micro-batch."""
@@ -150,7 +157,11 @@ class MicroBatchDataset:
         token_type = (attention & (column >= b_first)).astype(np.int64) if self.pairs else np.zeros_like(input_ids)
         keys = instance_keys(self.seed, _KEY_STREAMS[self.split_name], self.epoch, positions)
         label = plan.sentence_label[ids] if self.pairs else None
-        return AssembledBatch(input_ids, token_type, attention, ~text, label, keys)
+        word_start = None
+        if self._word_starts is not None:
+            word_start = np.zeros(input_ids.shape, dtype=bool)
+            word_start[text] = gather_bits(self._word_starts, self.token_base, source[text])
+        return AssembledBatch(input_ids, token_type, attention, ~text, label, keys, word_start)
 
     def __getitem__(self, micro_batch: int) -> dict[str, Any]:
         if not 0 <= micro_batch < len(self):

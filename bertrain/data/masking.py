@@ -1,5 +1,8 @@
-"""Dynamic masking (token, whole_word, ngram units; 80/10/10 once per unit). The loaders' `Collator` hashes
-(instance key, unit, stream), so masks never depend on which batch, rank or worker builds an instance."""
+"""Dynamic masking (token, whole_word, ngram units; 80/10/10 once per unit). As Google's create_pretraining_data,
+each sequence gets round(mlm_probability x its tokens) predictions (at least 1, at most max_predictions_per_seq),
+taken unit by unit in random order, so the realized rate is the configured one whatever the units' lengths. The
+loaders' `Collator` hashes (instance key, unit, stream), so masks never depend on which batch, rank or worker builds
+an instance."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ _STREAM = np.uint64(0xD1B54A32D192ED03)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _TO_UNIT = 2.0 ** -53
+_NEVER = np.uint64(2 ** 64 - 1)   # the order key of tokens that are never chosen (keyed bits have 53 bits)
+FILL_PASSES = 3                   # passes that fill what a unit too long for the rest of the budget left over
 
 STREAM_CHOOSE, STREAM_ACTION, STREAM_RANDOM_ID, STREAM_PRIORITY, STREAM_SPAN = range(5)
 
@@ -115,19 +120,6 @@ def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vo
     return table
 
 
-def ngram_start_probability(mlm_probability: float, ngram_max: int) -> float:
-    """Probability q that a word starts a span so that a word is covered with `mlm_probability`: solves
-    1 - prod_k (1 - q * P(n > k)) = p, P(n) ∝ 1/n, by bisection."""
-    weights = 1.0 / np.arange(1, ngram_max + 1)
-    longer = weights[::-1].cumsum()[::-1] / weights.sum()      # P(n > k) for k = 0..n_max-1
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        q = (low + high) / 2
-        covered = 1.0 - np.prod(1.0 - q * longer)
-        low, high = (q, high) if covered < mlm_probability else (low, q)
-    return (low + high) / 2
-
-
 @dataclass
 class MaskingSettings:
     """The masking keys of DataConfig, resolved against the prepared data."""
@@ -147,57 +139,78 @@ class MaskingSettings:
             raise DataError(f"data.masking must be token, whole_word or ngram, not {self.masking!r}.")
         if self.masking != "token" and self.word_start is None:
             raise DataError(f"data.masking: {self.masking} needs the tokenizer's word starts.")
-        self.span_start_probability = (ngram_start_probability(self.mlm_probability, self.ngram_max)
-                                       if self.masking == "ngram" else None)
         weights = 1.0 / np.arange(1, self.ngram_max + 1)
         self.span_cdf = weights.cumsum() / weights.sum()
 
 
-def _choose(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, eligible: np.ndarray) -> np.ndarray:
-    """[B, T] bool: tokens chosen for prediction (before the per-sequence cap)."""
-    if settings.masking != "ngram":
-        return eligible & (keyed_bits(keys[:, None], units, STREAM_CHOOSE) < threshold(settings.mlm_probability))
-    # Span starts are drawn for word indices -n_max+1 .. T-1 (stored shifted by n_max so they are >= 0),
-    # so that every word, the first ones included, is covered with the same probability.
+def predictions_per_row(settings: MaskingSettings, eligible: np.ndarray) -> np.ndarray:
+    """[B] tokens to predict in each row: round(mlm_probability x eligible tokens), at least 1 (when the
+    probability is not 0), at most max_predictions_per_seq, as Google's num_to_predict."""
+    count = eligible.sum(axis=1)
+    target = np.rint(settings.mlm_probability * count).astype(np.int64)
+    if settings.mlm_probability > 0:
+        target = np.maximum(target, 1)
+    if settings.max_predictions_per_seq is not None:
+        target = np.minimum(target, settings.max_predictions_per_seq)
+    return np.minimum(target, count)
+
+
+def _take_in_order(order: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """[B, T] bool: per row, the tokens whose order key is below the budget-th smallest one, i.e. whole units
+    (tokens sharing a key) in key order up to the first that does not fit; _NEVER keys are never taken."""
+    ranked = np.sort(order, axis=1)
+    column = np.minimum(budget, order.shape[1] - 1)[:, None]
+    limit = np.where(budget[:, None] < order.shape[1], np.take_along_axis(ranked, column, axis=1), _NEVER)
+    return order < limit
+
+
+def _unit_lengths(units: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """[B, T] number of eligible tokens in each token's unit."""
+    flat = np.arange(units.shape[0])[:, None] * units.shape[1] + units
+    counts = np.bincount(flat[eligible], minlength=units.size)
+    return counts[flat]
+
+
+def _span_order(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """[B, T] order key of each token under n-gram masking: the smallest key of the spans covering its word.
+    A span starts at every word (indices -n_max+1 .. T-1, shifted by n_max to be >= 0, so the first words are
+    covered as often as the others), is n words long with probability ∝ 1/n and has a random key."""
     n_max = settings.ngram_max
     starts = np.arange(units.shape[1] + n_max)[None, :]                         # [1, T + n_max]
-    begins = keyed_bits(keys[:, None], starts, STREAM_CHOOSE) < threshold(settings.span_start_probability)
+    start_key = keyed_bits(keys[:, None], starts, STREAM_CHOOSE)
     span_bits = keyed_bits(keys[:, None], starts, STREAM_SPAN)
     span = 1 + sum((span_bits >= threshold(c)).astype(np.int64) for c in settings.span_cdf[:-1])
-    reach = np.where(begins, span, 0)                                            # [B, T + n_max] words covered
-    covered = np.zeros(units.shape, dtype=bool)
+    order = np.full(units.shape, _NEVER)
     for k in range(n_max):                                                       # a span from word w-k covers w
-        covered |= np.take_along_axis(reach, units + (n_max - k), axis=1) > k
-    return eligible & covered
+        start = units + (n_max - k)
+        reaches = np.take_along_axis(span, start, axis=1) > k
+        order = np.minimum(order, np.where(reaches, np.take_along_axis(start_key, start, axis=1), _NEVER))
+    return order
 
 
-def _cap(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Keep at most max_predictions_per_seq chosen tokens per row, dropping whole units in random order."""
-    cap = settings.max_predictions_per_seq
-    if cap is None:
-        return chosen
-    rows = np.flatnonzero(chosen.sum(axis=1) > cap)
-    if not len(rows):
-        return chosen
-    sub_chosen, sub_units = chosen[rows], units[rows]
-    priority = np.where(sub_chosen, keyed_uniform(keys[rows][:, None], sub_units, STREAM_PRIORITY), 2.0)
-    order = np.argsort(priority, axis=1, kind="stable")     # a unit's tokens stay adjacent, in position order
-    running = np.cumsum(np.take_along_axis(sub_chosen, order, axis=1), axis=1)
-    count_at = np.empty_like(running)
-    np.put_along_axis(count_at, order, running, axis=1)
-    width = units.shape[1]
-    flat_unit = (np.arange(len(rows))[:, None] * width + sub_units).ravel()
-    unit_total = np.zeros(len(rows) * width, dtype=running.dtype)
-    np.maximum.at(unit_total, flat_unit, count_at.ravel())   # a unit's count after its last token
-    keep = (unit_total[flat_unit] <= cap).reshape(sub_chosen.shape)
-    chosen = chosen.copy()
-    chosen[rows] = sub_chosen & keep
+def _choose(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """[B, T] bool: tokens chosen for prediction, predictions_per_row of them in whole units (spans of words
+    for ngram) taken in random order; units too long for what is left are skipped and the rest filled."""
+    budget = predictions_per_row(settings, eligible)
+    chosen = np.zeros(units.shape, dtype=bool)
+    if settings.masking == "ngram":
+        chosen = _take_in_order(np.where(eligible, _span_order(settings, keys, units), _NEVER), budget)
+    unit_order = keyed_bits(keys[:, None], units, STREAM_PRIORITY)
+    length = np.ones_like(units) if settings.masking == "token" else _unit_lengths(units, eligible)
+    for _ in range(FILL_PASSES):
+        rows = np.flatnonzero(chosen.sum(axis=1) < budget)      # only rows with room left
+        if not len(rows):
+            break
+        left = budget[rows] - chosen[rows].sum(axis=1)
+        fits = eligible[rows] & ~chosen[rows] & (length[rows] <= left[:, None])
+        chosen[rows] |= _take_in_order(np.where(fits, unit_order[rows], _NEVER), left)
     return chosen
 
 
-def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.ndarray,
-               keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keyed masking of a [B, T] batch -> (masked ids, labels); `special` marks [CLS], [SEP], padding."""
+def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.ndarray, keys: np.ndarray,
+               word_start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Keyed masking of a [B, T] batch -> (masked ids, labels); `special` marks [CLS], [SEP], padding;
+    `word_start` [B, T] the tokens that start words as prepare stored them (None: the tokenizer's marks)."""
     eligible = ~special
     if settings.masking == "token":
         units = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
@@ -205,10 +218,10 @@ def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.nda
         # A word starts at a marked token, at a special token, and right after one (segment starts).
         after_special = np.zeros_like(special)
         after_special[:, 1:] = special[:, :-1]
-        starts = settings.word_start[input_ids] | special | after_special
+        marked = settings.word_start[input_ids] if word_start is None else word_start
+        starts = marked | special | after_special
         units = np.cumsum(starts, axis=1) - 1                # [B, T] word index within the row
     chosen = _choose(settings, keys, units, eligible)
-    chosen = _cap(settings, keys, units, chosen)
     # The 80/10/10 draws are made only where needed: per chosen unit, then per randomized token.
     rows, columns = np.nonzero(chosen)
     action = keyed_bits(keys[rows], units[rows, columns], STREAM_ACTION)
@@ -236,6 +249,7 @@ class AssembledBatch:
     special: np.ndarray          # [B, T] bool: [CLS], [SEP], padding
     sentence_label: np.ndarray | None   # [B]
     keys: np.ndarray             # [B] uint64 instance keys
+    word_start: np.ndarray | None = None   # [B, T] bool: tokens that start a word (None: from the tokenizer)
 
 
 class Collator:
@@ -248,7 +262,7 @@ class Collator:
     def __call__(self, batch: AssembledBatch) -> dict[str, Any]:
         import torch  # seconds to import: only the tensors handed to training need it
 
-        masked, labels = mask_batch(self.settings, batch.input_ids, batch.special, batch.keys)
+        masked, labels = mask_batch(self.settings, batch.input_ids, batch.special, batch.keys, batch.word_start)
         out = {"input_ids": torch.from_numpy(masked.astype(np.int64, copy=False)),
                "attention_mask": torch.from_numpy(batch.attention_mask.astype(np.int64)),
                "token_type_ids": torch.from_numpy(batch.token_type_ids.astype(np.int64, copy=False)),

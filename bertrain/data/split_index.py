@@ -60,13 +60,15 @@ def index_split(split: Split) -> SplitIndex:
                       np.concatenate(firsts).astype(np.int64), np.asarray(bases, dtype=np.int64))
 
 
-def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Token ids (int64) at global token positions (any shape), read from the memory-mapped shards."""
+def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray,
+                  read=lambda array, local: array[local]) -> np.ndarray:
+    """Token ids (int64) at global token positions (any shape), read from the memory-mapped shards
+    (`read(shard array, shard-local positions)` reads other per-token arrays, see gather_bits)."""
     flat = positions.reshape(-1)
     shard = np.searchsorted(token_base, flat, side="right") - 1
     if len(flat) == 0 or shard.min() == shard.max():
         k = int(shard[0]) if len(flat) else 0
-        return shards_tokens[k][flat - token_base[k]].astype(np.int64).reshape(positions.shape)
+        return np.asarray(read(shards_tokens[k], flat - token_base[k])).astype(np.int64).reshape(positions.shape)
     # Group positions by shard with a radix-friendly stable sort, then one fancy read per shard.
     shard = shard.astype(np.int16 if len(shards_tokens) < 2**15 else np.int32)
     order = np.argsort(shard, kind="stable")
@@ -74,5 +76,15 @@ def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, posit
     out = np.empty(flat.shape, dtype=np.int64)
     for k in np.flatnonzero(np.diff(bounds)):
         rows = order[bounds[k]:bounds[k + 1]]
-        out[rows] = shards_tokens[k][flat[rows] - token_base[k]]
+        out[rows] = read(shards_tokens[k], flat[rows] - token_base[k])
     return out.reshape(positions.shape)
+
+
+def read_bits(packed: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Bits at positions of an np.packbits array (big-endian bit order)."""
+    return (packed[local >> 3] >> (7 - (local & 7)).astype(np.uint8)) & 1
+
+
+def gather_bits(shards_bits: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Per-token bits (bool) at global token positions, from the shards' packed bit arrays (word starts)."""
+    return gather_tokens(shards_bits, token_base, positions, read_bits).astype(bool)

@@ -30,6 +30,9 @@ UNIGRAM_EM_ROUNDS = 3
 CONTINUATION = WORD_MARKERS["wordpiece"]   # "##": WordPiece marks pieces that continue a word
 SPACE = WORD_MARKERS["unigram"]            # "▁": Unigram marks pieces that start a word (a space before)
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
+# WordPiece turns a word longer than this into one [UNK]; runs without spaces (Thai, Lao, Khmer, Burmese write
+# whole phrases unspaced) are cut into pieces of this many characters first, which WordPiece then splits.
+MAX_WORDPIECE_CHARS = 100
 
 
 def _strip_accents(config: TokenizerConfig) -> bool:
@@ -59,12 +62,12 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
     """(Tokenizer, trainer) for `config.kind`; `alphabet` fixes WordPiece's "##x" ids up front."""
     specials, unk = list(SPECIAL_TOKENS[config.kind].values()), SPECIAL_TOKENS[config.kind]["unk"]
     if config.kind == "wordpiece":
-        tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
+        tokenizer = Tokenizer(models.WordPiece(unk_token=unk, max_input_chars_per_word=MAX_WORDPIECE_CHARS))
         tokenizer.normalizer = _wordpiece_normalizer(config)
         # The trainer numbers continuation characters ("##e") in hash-map order, which changes the
         # tie-breaking of merges from run to run. Listing them (sorted) as extra special tokens fixes
         # their ids; `canonical` makes them ordinary vocabulary again after training.
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.pre_tokenizer = wordpiece_pre_tokenizer()
         normalized = set()
         for char in alphabet:
             normalized.update(tokenizer.normalizer.normalize_str(char))
@@ -96,6 +99,14 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
         vocab_size=trainer_size or int(config.vocab_size * UNIGRAM_SLACK), special_tokens=specials,
         unk_token=unk, max_piece_length=16, n_sub_iterations=UNIGRAM_EM_ROUNDS, show_progress=False)
     return tokenizer, trainer
+
+
+def wordpiece_pre_tokenizer() -> Any:
+    """BERT's split at spaces and punctuation, then runs longer than MAX_WORDPIECE_CHARS cut into pieces of that
+    length (a shorter rest is its own piece), so no unspaced run becomes one [UNK]."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.BertPreTokenizer(),
+        pre_tokenizers.Split(Regex(f".{{{MAX_WORDPIECE_CHARS}}}"), behavior="isolated")])
 
 
 def unigram_pre_tokenizer() -> Any:
@@ -266,7 +277,7 @@ def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out
 
 
 def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -> dict[str, Any]:
-    """Unknown-token rate and tokens per whitespace-separated word on some texts."""
+    """Unknown-token rate, tokens per whitespace-separated word and per character (for text without spaces)."""
     unk = tokenizer.token_to_id(SPECIAL_TOKENS["wordpiece"]["unk"])
     if unk is None:
         unk = tokenizer.token_to_id(SPECIAL_TOKENS["unigram"]["unk"])
@@ -291,7 +302,7 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
     if batch:
         flush()
     return {"unk_rate": unknown / tokens if tokens else 0.0, "tokens_per_word": tokens / words if words else 0.0,
-            "measured_words": words}
+            "tokens_per_char": tokens / chars if chars else 0.0, "measured_words": words}
 
 
 def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bool = True,

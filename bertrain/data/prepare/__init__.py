@@ -22,8 +22,9 @@ from bertrain.data.prepare.pool import Workers
 from bertrain.data.prepare.report import report
 from bertrain.data.prepare.shards import build_shards, pending_shards
 from bertrain.data.prepare.tokenizer_stage import build_tokenizer
-from bertrain.data.prepare.workdir import (STAGE_VERSION, WORK, check_out_dir, clear, documents_settings, locked,
-                                           read_json, settings_hash, shard_name, tokenizer_settings, write_json)
+from bertrain.data.prepare.workdir import (STAGE_VERSION, WORK, WORD_UNITS_VERSION, check_out_dir, clear,
+                                           documents_settings, locked, read_json, settings_hash, shard_name,
+                                           tokenizer_settings, write_json)
 from bertrain.data.tokenizer import tokenizer_facts
 from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted, UsageError
 from bertrain.files import file_sha256
@@ -43,7 +44,8 @@ class _Plan:
     inputs: list[tuple[Any, list]]
     sources: list[dict]
     documents_key: str            # stage 1's key: sources and prepare settings
-    key: str                      # stages 2-4's key: stage 1's and the tokenizer's
+    tokenizer_key: str            # stage 2's key: stage 1's and the tokenizer's
+    key: str                      # stages 3-4's key: stage 2's and the word units'
     settings: dict[str, Any]
     only: Optional[list[tuple[str, str]]]   # the shards a job-array task tokenizes (None: all)
     counts: Counter
@@ -73,10 +75,13 @@ def _plan(out: Path, config: PrepareConfig, tokenizer_config: TokenizerConfig,
     only = None
     if shard_index is not None:
         only = [("train", shard_name(shard_index))] + ([("validation", shard_name(0))] if shard_index == 0 else [])
+    tokenizer_key = settings_hash({"documents": documents_key, "tokenizer": tokenizer_source})
+    word_units = {"word_segmenter": config.word_segmenter, "version": WORD_UNITS_VERSION}
     return _Plan(out=out, config=config, tokenizer_config=tokenizer_config, inputs=inputs,
                  sources=[item.record() for _, items in inputs for item in items], documents_key=documents_key,
-                 key=settings_hash({"documents": documents_key, "tokenizer": tokenizer_source}),
-                 settings={"prepare": documents_settings(config), "tokenizer": tokenizer_source},
+                 tokenizer_key=tokenizer_key, key=settings_hash({"tokenizer": tokenizer_key, "word_units": word_units}),
+                 settings={"prepare": documents_settings(config), "tokenizer": tokenizer_source,
+                           "word_units": word_units},
                  only=only, counts=counts, skipped=skipped)
 
 
@@ -138,7 +143,7 @@ def _run_tokenizer(plan: _Plan, documents: dict[str, Any], console: Any, timings
     tick = time.perf_counter()
     stats = build_tokenizer(plan.out, documents, plan.tokenizer_config, console)
     timings["tokenizer"] = time.perf_counter() - tick
-    record = {"key": plan.key, "stats": stats}
+    record = {"key": plan.tokenizer_key, "stats": stats}
     write_json(plan.out / WORK / "tokenizer.json", record)
     return record
 
@@ -150,7 +155,7 @@ def _stages_1_2(plan: _Plan, pool: Workers, console: Any,
         (plan.out / WORK).mkdir(parents=True, exist_ok=True)
         documents = _documents_record(plan, pool, console, timings)
         tokenizer_record = read_json(plan.out / WORK / "tokenizer.json")
-        tokenizer_done = tokenizer_record is not None and tokenizer_record.get("key") == plan.key
+        tokenizer_done = tokenizer_record is not None and tokenizer_record.get("key") == plan.tokenizer_key
         documents = _with_documents_text(plan, documents, tokenizer_done, pool, console, timings)
         plan.counts, plan.skipped = Counter(documents["counts"]), documents["skipped_files"]
         if tokenizer_done:
@@ -225,7 +230,7 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional
         documents, tokenizer_record = _stages_1_2(plan, pool, console, timings)
         facts = _facts(out, tokenizer_record, console)
         tick = time.perf_counter()
-        build_shards(out, documents, facts, plan.key, plan.only, pool, console)
+        build_shards(out, documents, facts, config.word_segmenter, plan.key, plan.only, pool, console)
         timings["tokenize"] = time.perf_counter() - tick
     except KeyboardInterrupt:
         pool.close(interrupted=True)

@@ -13,7 +13,7 @@ from bertrain.errors import DataError
 
 # Per-shard counts summed by split (e.g. "train_unknown_tokens") for the manifest's counts and stats.
 SHARD_TOTALS = ("sentences_empty_after_tokenizing", "documents_empty_after_tokenizing", "unknown_tokens",
-                "words", "chars")
+                "words", "chars", "documents_segmented_zh", "documents_segmented_ja")
 
 
 def _gather_splits(out: Path, documents: dict[str, Any], key: str) -> tuple[dict[str, Any], Counter]:
@@ -39,7 +39,8 @@ def _gather_splits(out: Path, documents: dict[str, Any], key: str) -> tuple[dict
 def _final_counts(counts: Counter, splits: dict[str, Any], shard_totals: Counter) -> Counter:
     """The documents stage's counts plus what tokenizing wrote and dropped; they must add up."""
     counts = Counter(counts)
-    for field in ("documents_empty_after_tokenizing", "sentences_empty_after_tokenizing"):
+    for field in ("documents_empty_after_tokenizing", "sentences_empty_after_tokenizing", "documents_segmented_zh",
+                  "documents_segmented_ja"):
         counts[field] = shard_totals[f"train_{field}"] + shard_totals[f"validation_{field}"]
     counts["documents_train"] = splits["train"]["documents"]
     counts["documents_validation"] = splits["validation"]["documents"]
@@ -54,7 +55,8 @@ def _final_counts(counts: Counter, splits: dict[str, Any], shard_totals: Counter
 
 
 def _tokenizer_stats(tokenizer_stats: dict[str, Any], splits: dict[str, Any], shard_totals: Counter) -> dict:
-    """The tokenizer's stats (no timings), unknown-token rate and tokens per word on validation."""
+    """The tokenizer's stats (no timings), unknown-token rate, tokens per word (segmenter words in Chinese and
+    Japanese documents) and per character on validation."""
     measured = "validation" if splits["validation"]["tokens"] else "train"
     tokens = splits[measured]["tokens"]
     stats = dict(tokenizer_stats)
@@ -63,6 +65,9 @@ def _tokenizer_stats(tokenizer_stats: dict[str, Any], splits: dict[str, Any], sh
         "measured_on": measured,
         "unk_rate": shard_totals[f"{measured}_unknown_tokens"] / tokens if tokens else 0.0,
         "tokens_per_word": tokens / shard_totals[f"{measured}_words"] if shard_totals[f"{measured}_words"] else 0.0,
+        "tokens_per_char": tokens / shard_totals[f"{measured}_chars"] if shard_totals[f"{measured}_chars"] else 0.0,
+        "chars_per_word": (shard_totals[f"{measured}_chars"] / shard_totals[f"{measured}_words"]
+                           if shard_totals[f"{measured}_words"] else 0.0),
     })
     return stats
 

@@ -27,7 +27,23 @@ OPTIONAL_ROWS = (("records_read", "records read (grouped by group_by)"),
                  ("documents_cut_long", "long documents cut"),
                  ("sentences_short_dropped", "sentences dropped: too short"),
                  ("sentences_empty_after_tokenizing", "sentences dropped: no tokens"),
-                 ("paragraphs_thai_without_splitter", "Thai paragraphs split without pythainlp"))
+                 ("paragraphs_thai_without_splitter", "Thai paragraphs split without pythainlp"),
+                 ("documents_segmented_zh", "documents cut into words: Chinese (rjieba)"),
+                 ("documents_segmented_ja", "documents cut into words: Japanese (fugashi)"))
+# More characters per word than this (English ~6, German ~7, Finnish ~8) means the words are unspaced runs, not
+# words (Thai, or Chinese without a segmenter): "tokens per word" then says nothing, tokens per character does.
+UNSPACED_CHARS_PER_WORD = 12.0
+
+
+def token_rate_row(stats: dict[str, Any], counts: dict[str, Any]) -> tuple[str, str]:
+    """(label, value) of the tokenizer's rate: tokens per word, with segmenter words where documents were
+    segmented, or tokens per character when words are unspaced runs (older manifests: per word)."""
+    where = stats.get("measured_on", "?")
+    if stats.get("chars_per_word", 0) > UNSPACED_CHARS_PER_WORD:
+        return f"tokens per character ({where}; the text has few spaces)", f"{stats.get('tokens_per_char', 0):.3f}"
+    segmented = counts.get("documents_segmented_zh", 0) + counts.get("documents_segmented_ja", 0)
+    words = f"; words of {segmented:,} zh/ja documents by their segmenter" if segmented else ""
+    return f"tokens per word ({where}{words})", f"{stats.get('tokens_per_word', 0):.3f}"
 
 
 def directory_bytes(path: Path) -> int:
@@ -69,7 +85,7 @@ def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, ti
     stats = tokenizer.get("stats", {})
     table.add_row("tokenizer", f"{tokenizer['kind']} ({tokenizer['word_marker']}), {tokenizer['vocab_size']:,} tokens")
     table.add_row(f"unknown-token rate ({stats.get('measured_on', '?')})", f"{stats.get('unk_rate', 0):.4%}")
-    table.add_row(f"tokens per word ({stats.get('measured_on', '?')})", f"{stats.get('tokens_per_word', 0):.3f}")
+    table.add_row(*token_rate_row(stats, manifest.get("counts", {})))
     normalization_row, warnings = normalization_row_and_warning(manifest["counts"], stats)
     table.add_row(*normalization_row)
     table.add_row("output size", f"{directory_bytes(out) / 1e6:,.1f} MB")

@@ -12,32 +12,40 @@ from typing import Any, BinaryIO, Iterator, Optional, TextIO
 import numpy as np
 
 from bertrain.data.format import SPLITS, shard_paths, token_dtype_for, write_shard
+from bertrain.data.masking import word_start_table
 from bertrain.data.prepare.pool import Workers, local_progress, report_progress
 from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, read_json, write_json
+from bertrain.data.word_units import WordSegmenter, document_language, encode, word_starts_for
 from bertrain.tokenizer_file import load_tokenizer
 
 ENCODE_BATCH_SENTENCES = 4096
 
 
-def _document_lines(handle: TextIO) -> Iterator[tuple[str, int]]:
-    """(sentence, document index) of every line of a stage-1 file; blank lines end documents."""
-    document, previous_blank = 0, True
+def _documents(handle: TextIO) -> Iterator[list[str]]:
+    """The documents of a stage-1 file, each as its sentences (lines); blank lines end documents."""
+    sentences: list[str] = []
     for line in handle:
         if line == "\n":
-            if not previous_blank:
-                document += 1
-            previous_blank = True
-            continue
-        previous_blank = False
-        yield line[:-1], document
+            if sentences:
+                yield sentences
+            sentences = []
+        else:
+            sentences.append(line[:-1])
+    if sentences:
+        yield sentences
 
 
 class _SentenceEncoder:
-    """Encodes sentences in batches to a raw token file, keeping lengths and documents and counting as it goes."""
+    """Encodes sentences in batches to a raw token file and their word starts (one byte per token) to another,
+    keeping lengths and documents and counting as it goes."""
 
-    def __init__(self, tokenizer: Any, dtype: np.dtype, unk_id: int, out: BinaryIO):
+    def __init__(self, tokenizer: Any, dtype: np.dtype, unk_id: int, out: BinaryIO, word_start_table: np.ndarray,
+                 starts_out: BinaryIO):
         self.tokenizer, self.dtype, self.unk_id, self.out = tokenizer, dtype, unk_id, out
+        self.word_start_table, self.starts_out = word_start_table, starts_out
+        self.segmenter = WordSegmenter()
+        self.batch_language: list[Optional[str]] = []
         self.lengths: list[np.ndarray] = []
         self.owners: list[np.ndarray] = []   # document index of every kept sentence
         self.stats: Counter = Counter()
@@ -45,9 +53,10 @@ class _SentenceEncoder:
         self.batch_owner: list[int] = []
         self.documents = 0
 
-    def add(self, sentence: str, document: int) -> None:
+    def add(self, sentence: str, document: int, language: Optional[str]) -> None:
         self.batch.append(sentence)
         self.batch_owner.append(document)
+        self.batch_language.append(language)
         self.documents = document + 1
         if len(self.batch) >= ENCODE_BATCH_SENTENCES:
             self.flush()
@@ -56,21 +65,26 @@ class _SentenceEncoder:
         batch = self.batch
         if not batch:
             return
-        id_lists = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(batch, add_special_tokens=False)]
+        id_lists, offsets = encode(self.tokenizer, batch, self.batch_language)
         sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         ids = np.fromiter(chain.from_iterable(id_lists), dtype=self.dtype, count=int(sizes.sum()))
         ids.tofile(self.out)
+        starts, segmented_words = word_starts_for(batch, self.batch_language, ids, sizes, offsets,
+                                                  self.word_start_table, self.segmenter)
+        starts.astype(np.uint8).tofile(self.starts_out)
         keep = sizes > 0
         self.lengths.append(sizes[keep])
         self.owners.append(np.asarray(self.batch_owner, dtype=np.int64)[keep])
         self.stats["sentences_empty_after_tokenizing"] += int((~keep).sum())
         self.stats["unknown_tokens"] += int(np.count_nonzero(ids == self.unk_id))
-        self.stats["words"] += sum(s.count(" ") for s in batch) + len(batch)
+        spaced = [s for s, language in zip(batch, self.batch_language) if language is None]
+        self.stats["words"] += sum(s.count(" ") for s in spaced) + len(spaced) + segmented_words
         chars = sum(len(s) for s in batch) + len(batch)
         self.stats["chars"] += chars
         report_progress(chars)
         self.batch = []
         self.batch_owner = []
+        self.batch_language = []
 
     def offsets(self) -> tuple[np.ndarray, np.ndarray]:
         """(sentence offsets, document offsets) of the kept sentences; tokenless documents are dropped."""
@@ -83,25 +97,36 @@ class _SentenceEncoder:
         return sentence_offsets, document_offsets
 
 
-def tokenize_shard(documents_path: str, split_dir: str, name: str, tokenizer_dir: str, vocab_size: int,
-                   unk_id: int, record_path: str, key: str) -> dict[str, Any]:
-    """Tokenize one stage-1 file into a shard (tokens, sentence and document offsets) plus a record."""
+def tokenize_shard(documents_path: str, split_dir: str, name: str, tokenizer_dir: str, facts: dict[str, Any],
+                   word_segmenter: str, record_path: str, key: str) -> dict[str, Any]:
+    """Tokenize one stage-1 file into a shard (tokens, sentence and document offsets, word starts) plus a
+    record; `word_segmenter` is prepare.word_segmenter (see bertrain.data.word_units)."""
     tokenizer = load_tokenizer(tokenizer_dir)
-    dtype = token_dtype_for(vocab_size)
+    dtype = token_dtype_for(facts["vocab_size"])
+    table = word_start_table(str(Path(tokenizer_dir) / "tokenizer.json"), facts["kind"], facts["word_marker"],
+                             facts["vocab_size"])
     split_path = Path(split_dir)
     split_path.mkdir(parents=True, exist_ok=True)
     raw_tokens = split_path / f"{name}.tokens.raw.tmp"
-    with open(documents_path, encoding="utf-8") as handle, open(raw_tokens, "wb") as out:
-        encoder = _SentenceEncoder(tokenizer, dtype, unk_id, out)
-        for sentence, document in _document_lines(handle):
-            encoder.add(sentence, document)
+    raw_starts = split_path / f"{name}.word_starts.raw.tmp"
+    with (open(documents_path, encoding="utf-8") as handle, open(raw_tokens, "wb") as out,
+          open(raw_starts, "wb") as starts_out):
+        encoder = _SentenceEncoder(tokenizer, dtype, facts["special_tokens"]["unk"], out, table, starts_out)
+        for document, sentences in enumerate(_documents(handle)):
+            language = document_language("\n".join(sentences), word_segmenter)
+            if language is not None:
+                encoder.stats[f"documents_segmented_{language}"] += 1
+            for sentence in sentences:
+                encoder.add(sentence, document, language)
         encoder.flush()
     sentence_offsets, document_offsets = encoder.offsets()
     count = int(sentence_offsets[-1])
     tokens = np.memmap(raw_tokens, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
-    record = write_shard(split_path, name, tokens, sentence_offsets, document_offsets)
+    starts = np.fromfile(raw_starts, dtype=np.uint8).astype(bool)
+    record = write_shard(split_path, name, tokens, sentence_offsets, document_offsets, starts)
     del tokens
     raw_tokens.unlink()
+    raw_starts.unlink()
     record.update({key_: int(value) for key_, value in encoder.stats.items()})
     write_json(Path(record_path), {"key": key, **record})
     return record
@@ -125,7 +150,7 @@ def pending_shards(out: Path, documents: dict[str, Any], key: str,
             and shard_record(out, split, shard["name"], key) is None]
 
 
-def build_shards(out: Path, documents: dict[str, Any], facts: dict[str, Any],
+def build_shards(out: Path, documents: dict[str, Any], facts: dict[str, Any], word_segmenter: str,
                  key: str, only: Optional[list[tuple[str, str]]], workers: Workers, console: Any) -> None:
     """Stage 3: tokenize every shard not already done (or only the listed ones), in parallel."""
     (out / WORK / "shards").mkdir(parents=True, exist_ok=True)
@@ -135,7 +160,7 @@ def build_shards(out: Path, documents: dict[str, Any], facts: dict[str, Any],
     todo.sort(key=lambda item: -item[1]["chars"])  # largest first: better packing over workers
     total = sum(shard["chars"] for _, shard in todo)
     arguments = [(str(out / WORK / "documents" / split / f"{shard['name']}.txt"), str(out / split), shard["name"],
-                  str(out / "tokenizer"), facts["vocab_size"], facts["special_tokens"]["unk"],
+                  str(out / "tokenizer"), facts, word_segmenter,
                   str(out / WORK / "shards" / f"{split}-{shard['name']}.json"), key) for split, shard in todo]
     with progress_bar(console) as progress:
         task = progress.add_task("tokenizing", total=total or None, docs=0, rate=0.0)

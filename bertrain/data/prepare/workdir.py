@@ -16,6 +16,7 @@ from bertrain.errors import UsageError
 from bertrain.files import write_atomic
 
 STAGE_VERSION = 2            # bump when a change makes old intermediate outputs invalid (2: any-script sentences)
+WORD_UNITS_VERSION = 1       # shards' word starts (format 2): bump when their rules change, to rebuild the shards
 WORK = "work"
 
 
@@ -43,9 +44,10 @@ def shard_name(index: int) -> str:
 
 
 def documents_settings(config: PrepareConfig) -> dict[str, Any]:
-    """Prepare settings that change the documents (workers does not)."""
+    """Prepare settings that change the documents (workers and the word units, made from them later, do not)."""
     settings = dataclasses.asdict(config)
     settings.pop("workers")
+    settings.pop("word_segmenter")
     for source in settings["sources"]:
         if not source.get("group_by"):
             # A key only grouped sources have: the settings (and fingerprints) of other sources stay
