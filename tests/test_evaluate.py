@@ -320,7 +320,9 @@ def tiny_model_dir(path: Path, seed: int = 0) -> Path:
     return path / "model"
 
 
-QUICK = ["finetune.epochs=2", "finetune.batch_size=8", "finetune.lr=1e-3", "finetune.max_seq_length=24"]
+# One thread: a seed's scores must not depend on the count finetune.threads=auto picks under the machine's load.
+QUICK = ["finetune.epochs=2", "finetune.batch_size=8", "finetune.lr=1e-3", "finetune.max_seq_length=24",
+         "finetune.threads=1"]
 
 
 def quiet_console():
@@ -382,6 +384,55 @@ def test_random_baseline_and_a_training_subset(tmp_path):
                         "examples are truncated to 32 tokens." for key in ("model", "baseline")]
     assert results["models"]["baseline"].startswith("random weights (bert")
     assert {run["model"]: run["steps"] for run in results["runs"]} == {"model": 4, "baseline": 4}  # 16 / 8 x 2
+
+
+def test_auto_threads_are_measured_said_once_and_change_no_score(tmp_path, monkeypatch):
+    """finetune.threads=auto with injected pass times (2 threads 3x slower than 1, as on a busy machine): every
+    step runs at 1 thread, the choice is said once for two seeds, scores are finetune.threads=1's."""
+    import functools
+    import io
+
+    import torch
+
+    from bertrain.console import make_console
+    from bertrain.train import finetune as finetune_module
+    from bertrain.train.threads import ThreadTuner
+
+    model = tiny_model_dir(tmp_path)
+    tasks = resolve_tasks(str(write_task(tmp_path / "task")), None)
+    fixed = downstream.evaluate(model, tasks, tmp_path / "fixed", quiet_console(), QUICK, seeds=2)
+    clock = [0.0]
+
+    def timer() -> float:  # a pass lasts what its end reading adds
+        clock[0] += {2: 0.3, 1: 0.1}[torch.get_num_threads()]
+        return clock[0]
+
+    monkeypatch.setattr(finetune_module, "ThreadTuner", functools.partial(ThreadTuner, timer=timer))
+    step_threads, real_finetune = [], downstream.finetune
+
+    def recording(*args, on_step, **kwargs):
+        return real_finetune(*args, on_step=lambda done, total: step_threads.append(torch.get_num_threads())
+                             or on_step(done, total), **kwargs)
+
+    monkeypatch.setattr(downstream, "finetune", recording)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # a launcher's count would be kept
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = io.StringIO()
+        auto = downstream.evaluate(model, tasks, tmp_path / "auto", make_console(file=out),
+                                   QUICK + ["finetune.threads=auto"], seeds=2)
+        assert torch.get_num_threads() == 2  # the caller's count is back
+    finally:
+        torch.set_num_threads(before)
+    said = " ".join(out.getvalue().split())
+    assert said.count("CPU threads:") == 1 and "CPU threads: 1 (finetune.threads=auto; one forward + backward of " \
+        "8 sequence(s): 2 thread(s) 300 ms, 1 thread(s) 100 ms)" in said
+    assert step_threads == [1] * 24  # 12 steps per seed
+    assert [r["scores"] for r in auto["runs"]] == [r["scores"] for r in fixed["runs"]]  # the probes left no trace
+    again = downstream.evaluate(model, tasks, tmp_path / "fixed", quiet_console(), QUICK[:-1] + ["finetune.threads=2"],
+                                seeds=2)  # not part of the recipe: the evaluation continues, nothing to run
+    assert again["runs"] == fixed["runs"]
 
 
 def run_cli(*args: str, **popen) -> subprocess.Popen:

@@ -147,6 +147,19 @@ def test_the_key_is_auto_or_a_positive_count(tmp_path):
             load_config(str(path), [f"train.threads={bad}"])
 
 
+def test_the_finetune_key_is_auto_or_a_positive_count(monkeypatch):
+    from bertrain.config.finetune import finetune_config
+
+    assert finetune_config({}, []).threads == "auto" and finetune_config({}, ["finetune.threads=3"]).threads == 3
+    for bad, why in (("many", "not a valid int"), ("0", "at least 1, or auto"), ("-2", "at least 1, or auto")):
+        with pytest.raises(ConfigError, match=rf"'finetune\.threads'.*{why}"):
+            finetune_config({}, [f"finetune.threads={bad}"])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    plan = plan_threads("auto", device_type="cpu", world_size=1, deterministic=False, environ={},
+                        key="finetune.threads")
+    assert plan.candidates == [2, 1] and plan.reason == "finetune.threads=auto"
+
+
 def test_an_auto_run_says_which_count_it_measured_and_trains(tmp_path, tiny_data):
     from tests.helpers import explain, pretrain_env, run_pretrain, train_losses, write_config
 

@@ -35,6 +35,13 @@ class FinetuneConfig:
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = opt(
         "auto", "As train.mixed_precision: bf16 where the device computes it natively, fp16 on older GPUs, else "
         "fp32.")
+    threads: Union[int, Literal["auto"]] = opt(
+        "auto", "As train.threads: intra-op CPU threads of fine-tuning. `auto` (default): on a CPU, one training "
+        "step's forward + backward is timed at torch's default count and at fewer threads at the start of each "
+        "run and every 2 minutes, and the fastest is used (the default unless another is over 15% faster); left "
+        "alone on a GPU, under `bertrain launch` and where OMP_NUM_THREADS is set. A number sets it (the count "
+        "changes float rounding: set one for bit-identical reruns on a busy machine). Not part of the recipe: a "
+        "change continues an evaluation.")
 
 
 @dataclass
@@ -84,7 +91,8 @@ def validate_finetune(config: FinetuneConfig) -> None:
               ("seeds", config.seeds >= 1, "at least 1"), ("eval_batch_size", config.eval_batch_size >= 1,
                                                              "at least 1"),
               ("max_train_examples", config.max_train_examples is None or config.max_train_examples >= 1,
-               "at least 1 or null"))
+               "at least 1 or null"), ("threads", config.threads == "auto" or config.threads >= 1,
+                                       "at least 1, or auto"))
     for key, ok, rule in checks:
         if not ok:
             raise ConfigError(f"Config key 'finetune.{key}' must be {rule}, got {getattr(config, key)!r}.")

@@ -25,6 +25,7 @@ from bertrain.train.downstream_results import (BASELINE, MODEL, check_continuati
 from bertrain.train.finetune import TaskData, finetune
 from bertrain.train.precision import local_device_type
 from bertrain.train.signals import stop_requested
+from bertrain.train.threads import plan_threads
 
 POLL_SECONDS = 5.0
 RANDOM_BASELINE = "random"  # --baseline random
@@ -41,6 +42,15 @@ def local_device() -> torch.device:
 def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Console, overrides: list[str] = (),
              seeds: int | None = None, baseline_path: Path | None = None, warn=print) -> dict:
     """Run every (model, task, seed) not yet in DIR/results.json; return the results (with their summary)."""
+    threads = torch.get_num_threads()
+    try:
+        return _evaluate(model_path, tasks, out_dir, console, overrides, seeds, baseline_path, warn)
+    finally:
+        torch.set_num_threads(threads)  # finetune.threads is this evaluation's (in-process callers keep theirs)
+
+
+def _evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Console, overrides: list[str],
+              seeds: int | None, baseline_path: Path | None, warn) -> dict:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     out_dir.mkdir(parents=True, exist_ok=True)
     recipes = {task.name: finetune_config(task.recipe, list(overrides), seeds) for task in tasks}
@@ -50,6 +60,12 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
     loaded_examples: dict[str, tuple] = {}
     results = read_results(out_dir)
     job = 0
+    said_threads: list[int] = []  # finetune.threads: auto measures each run; a count is said when it changes
+
+    def say_threads(line: str) -> None:
+        if said_threads[-1:] != [torch.get_num_threads()]:
+            said_threads.append(torch.get_num_threads())
+            console.print(line, highlight=False)
     for key, path in models:
         skipped: list = []
         if str(path) == RANDOM_BASELINE:  # MODEL's architecture and tokenizer, fresh weights: what pretraining adds
@@ -81,8 +97,11 @@ def evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Consol
                 warn(f"{task.name}: finetune.max_seq_length {recipe.max_seq_length} exceeds the {key}'s "
                      f"max_position_embeddings {max_length}: its examples are truncated to {max_length} tokens.")
             data = _task_data(task, tokenizer, max_length, loaded_examples, warn if rank == 0 else None)
+            threads = plan_threads(recipe.threads, device_type=device.type, world_size=world, deterministic=False,
+                                   key="finetune.threads")
             for seed in todo:
-                run = _run_one(pretrained, data, recipe, seed, device, console, f"{key} {task.name} seed {seed}")
+                run = _run_one(pretrained, data, recipe, seed, device, console, f"{key} {task.name} seed {seed}",
+                               threads, say_threads)
                 run.update(model=key, task=task.name, seed=seed, recipe=dataclasses.asdict(recipe),
                            device=str(device), rank=rank)
                 results = record_run(out_dir, key, loaded, run, plan)
@@ -115,14 +134,16 @@ def _task_data(task: Task, tokenizer, max_length: int, cache: dict, warn) -> Tas
                     task.metrics, task.num_labels, pad_id(tokenizer))
 
 
-def _run_one(pretrained, data: TaskData, recipe, seed: int, device, console: Console, what: str) -> dict:
+def _run_one(pretrained, data: TaskData, recipe, seed: int, device, console: Console, what: str, threads,
+             say_threads) -> dict:
     """One fine-tuning run with a progress bar (steps, ETA); its record for results.json."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         bar = progress.add_task(what, total=None)
         outcome = finetune(pretrained, data, recipe, seed, device,
-                           on_step=lambda done, total: progress.update(bar, completed=done, total=total))
+                           on_step=lambda done, total: progress.update(bar, completed=done, total=total),
+                           threads=threads, say=say_threads)
     return {"scores": outcome.scores, "score": outcome.score, "steps": outcome.steps,
             "train_seconds": round(outcome.train_seconds, 3), "eval_seconds": round(outcome.eval_seconds, 3),
             "train_examples_per_second": outcome.train_examples / max(outcome.train_seconds, 1e-9)}

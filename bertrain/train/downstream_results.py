@@ -44,9 +44,10 @@ def check_continuation(results: dict, out_dir: Path, model: str, loaded: str, ta
         raise UsageError(f"{out_dir / RESULTS_FILE} holds results of {known} as the {model}, not of {loaded}. "
                          "Choose another --out (or move that results.json away to start over).")
     for run in results["runs"]:
-        # More or fewer seeds extend or cut a run's set; any other key makes other runs.
+        # More or fewer seeds extend or cut a run's set; threads change no score's meaning; any other key makes
+        # other runs.
         changed = ", ".join(f"{key} {run['recipe'].get(key)} -> {value}" for key, value in recipe.items()
-                            if key != "seeds" and run["recipe"].get(key) != value)
+                            if key not in ("seeds", "threads") and run["recipe"].get(key) != value)
         if run["model"] == model and run["task"] == task and changed:
             raise UsageError(f"{out_dir / RESULTS_FILE} holds {task} runs of the {model} with another recipe "
                              f"({changed}). Choose another --out to compare recipes, or run with the same --set.")

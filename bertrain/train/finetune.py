@@ -23,6 +23,7 @@ from bertrain.train.optim import build_optimizer, build_scheduler
 from bertrain.train.precision import choose_mixed_precision
 from bertrain.train.scores import score
 from bertrain.train.signals import received_signal_name, stop_requested
+from bertrain.train.threads import ThreadPlan, ThreadTuner
 
 ADAM_EPS = 1e-8  # transformers Trainer's default (Google's BERT: 1e-6); changes nothing measurable here
 
@@ -70,9 +71,11 @@ def _batches_of_epoch(examples: int, batch_size: int, seed: int, epoch: int) -> 
 
 
 def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfig, seed: int, device: torch.device,
-             on_step: Callable[[int, int], None] | None = None) -> RunOutcome:
+             on_step: Callable[[int, int], None] | None = None, threads: ThreadPlan | None = None,
+             say: Callable[[str], None] | None = None) -> RunOutcome:
     """Fine-tune a copy of `pretrained` with `seed` (head initialization, dropout, data order) and score it.
-    `on_step(done, total)` after each step. A stop signal raises Interrupted (exit 75) between steps."""
+    `on_step(done, total)` after each step; an auto `threads` plan is measured on the first batch (its choice
+    `say`-d). A stop signal raises Interrupted (exit 75) between steps."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = SequenceClassifier(copy.deepcopy(pretrained), data.num_labels, generator).to(device)
@@ -90,6 +93,7 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
     pack_when = None if device.type != "cpu" and unpad == "auto" else (lambda share: should_pack(share, hidden, unpad))
     multiple_of = 8 if device.type == "cuda" else 1
     model.train()
+    tuner, probing = None, 0.0  # finetune.threads: auto (measuring is not training time)
     start, done, seen, epoch = time.perf_counter(), 0, 0, 0
     while done < steps:
         for indices in _batches_of_epoch(len(train), recipe.batch_size, seed, epoch):
@@ -99,9 +103,16 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
                 raise Interrupted(f"evaluate stopped by {received_signal_name()}: every finished (task, seed) is "
                                   "in results.json; run the same command to continue from there.")
             batch = _to(collate(train, indices, data.pad_token_id, pack_when, multiple_of), device)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, batch.labels,
-                             batch.packing).loss
+            if threads is not None and threads.auto:
+                tuner = tuner or ThreadTuner(threads, model, None, vars(batch), run_pass=lambda part: _loss(
+                    model, TaskBatch(**part), device, dtype).backward())
+                if tuner.due():  # at the start and every RECHECK_SECONDS
+                    began = time.perf_counter()
+                    line = tuner.probe()
+                    probing += time.perf_counter() - began
+                    if line and say is not None:
+                        say(line)
+            loss = _loss(model, batch, device, dtype)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
@@ -120,10 +131,16 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
             if on_step is not None:
                 on_step(done, steps)
         epoch += 1
-    train_seconds = time.perf_counter() - start
+    trained = time.perf_counter()
     scores = evaluate_splits(model, data, recipe, device, dtype, pack_when, multiple_of)
-    return RunOutcome(scores, float(np.mean(list(scores.values()))), steps, seen, train_seconds,
-                      time.perf_counter() - start - train_seconds)
+    return RunOutcome(scores, float(np.mean(list(scores.values()))), steps, seen, trained - start - probing,
+                      time.perf_counter() - trained)
+
+
+def _loss(model: SequenceClassifier, batch: TaskBatch, device: torch.device, dtype: torch.dtype | None):
+    """The training loss of one batch, in the run's autocast."""
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        return model(batch.input_ids, batch.attention_mask, batch.token_type_ids, batch.labels, batch.packing).loss
 
 
 def _first(split: EncodedSplit, count: int) -> EncodedSplit:

@@ -1,7 +1,8 @@
-"""`train.threads`: torch's intra-op thread count for CPU training. `auto` times one micro-batch's forward +
-backward at the default count and at fewer threads (at the start, every RECHECK_SECONDS, and sooner when the
-throughput drops) and trains with the fastest: where other processes keep cores busy, OpenMP threads wait at
-every operation for the one whose core is taken (2 cores, one busy process: 3-5x slower than 1 thread)."""
+"""`train.threads` (and `bertrain evaluate`'s `finetune.threads`): torch's intra-op thread count on a CPU. `auto`
+times one micro-batch's forward + backward at the default count and at fewer threads (at the start, every
+RECHECK_SECONDS, and sooner when the throughput drops) and trains with the fastest: where other processes keep
+cores busy, OpenMP threads wait at every operation for the one whose core is taken (2 cores, one busy process:
+3-5x slower than 1 thread)."""
 
 from __future__ import annotations
 
@@ -39,22 +40,22 @@ class ThreadPlan:
 
 
 def plan_threads(setting: int | str, *, device_type: str, world_size: int, deterministic: bool,
-                 environ=os.environ) -> ThreadPlan | None:
-    """Set an int `setting` now; for `auto` the counts to compare. None: leave torch's threads and measure
-    nothing (a GPU, or several processes, whose launcher set OMP_NUM_THREADS)."""
+                 environ=os.environ, key: str = "train.threads") -> ThreadPlan | None:
+    """Set an int `setting` (of config `key`) now; for `auto` the counts to compare. None: leave torch's threads
+    and measure nothing (a GPU, or several processes, whose launcher set OMP_NUM_THREADS)."""
     if setting != "auto":
         torch.set_num_threads(int(setting))
     if device_type != "cpu" or world_size > 1:
         return None
     default = torch.get_num_threads()
     if setting != "auto":
-        return ThreadPlan([default], f"train.threads={setting}")
+        return ThreadPlan([default], f"{key}={setting}")
     kept = ("OMP_NUM_THREADS is set" if environ.get("OMP_NUM_THREADS") else
             "train.deterministic keeps one count (the count changes float rounding)" if deterministic else
             "one core" if default == 1 else None)
     if kept:
-        return ThreadPlan([default], f"train.threads=auto: {kept}")
-    return ThreadPlan(sorted({default, max(default // 2, 1), 1}, reverse=True), "train.threads=auto")
+        return ThreadPlan([default], f"{key}=auto: {kept}")
+    return ThreadPlan(sorted({default, max(default // 2, 1), 1}, reverse=True), f"{key}=auto")
 
 
 def choose_threads(seconds: dict[int, list[float]], default: int) -> int:
@@ -75,10 +76,13 @@ class ThreadTuner:
     fastest; `estimate` is the best throughput measured, in tokens/s, what the progress line compares with."""
 
     def __init__(self, plan: ThreadPlan, model, accelerator, batch: dict, seconds_per_row: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter,
+                 run_pass: Callable[[dict], None] | None = None) -> None:
         """`seconds_per_row`: a pass's expected time per sequence (a larger micro-batch is probed on part of it);
-        `clock` paces the re-measurements, `timer` times the passes (tests pass their own)."""
+        `clock` paces the re-measurements, `timer` times the passes (tests pass their own); `run_pass(batch)`:
+        one forward + backward of `model` (default: pretraining's, `forward_backward`; fine-tuning passes its own)."""
         self.plan, self.model, self.accelerator, self.clock, self.timer = plan, model, accelerator, clock, timer
+        self.run_pass = run_pass or (lambda part: forward_backward(self.model, self.accelerator, part))
         self.default = plan.candidates[0]
         if plan.auto:
             rows = probe_rows(seconds_per_row, len(batch["input_ids"]))
@@ -122,7 +126,7 @@ class ThreadTuner:
         all alike; a count far slower than the fastest (SKIP_BEYOND) gets one pass, not two."""
         with torch.random.fork_rng(devices=[]):
             if not self.warmed:  # the first pass at a shape allocates and picks kernels: not timed
-                forward_backward(self.model, self.accelerator, self.batch)
+                self.run_pass(self.batch)
                 self.warmed = True
             seconds: dict[int, list[float]] = {threads: [] for threads in self.plan.candidates}
             order = [self.threads] + [threads for threads in self.plan.candidates if threads != self.threads]
@@ -132,7 +136,7 @@ class ThreadTuner:
                     continue
                 torch.set_num_threads(threads)
                 begin = self.timer()
-                forward_backward(self.model, self.accelerator, self.batch)
+                self.run_pass(self.batch)
                 seconds[threads].append(self.timer() - begin)
             torch.set_num_threads(self.threads)
         self.model.zero_grad(set_to_none=True)
