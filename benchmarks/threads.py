@@ -81,7 +81,8 @@ def main() -> None:
         best = max(("1", "2"), key=median.get)
         shown = ", ".join(f"threads={v} {median[v]:,.0f} ({' '.join(f'{x:,.0f}' for x in rates[v])})"
                           for v in variants)
-        print(f"{condition if hog is None else 'one busy process'} (load average {load:.2f} at the start): tokens/s {shown}; "
+        print(f"{condition if hog is None else 'one busy process'} (load average {load:.2f} at the start): "
+              f"tokens/s {shown}; "
               f"auto chose (per run) {'; '.join(' then '.join(map(str, c)) for c in chosen)}; "
               f"auto / best fixed (threads={best}) = {median['auto'] / median[best]:.2f}")
 

@@ -87,7 +87,8 @@ SENTENCE_FINAL = tuple(TERMINAL_MARKS)  # of every script the sentence rules kno
 
 
 def sentence_final_table(tokenizer_file: str, vocab_size: int) -> np.ndarray:
-    """[vocab] bool: does this token end on a sentence mark (. ! ? 。 । ...; NSP negatives match it; the pair audit probes it)."""
+    """[vocab] bool: does this token end on a sentence mark (. ! ? 。 । ...)? NSP negatives match it; the pair
+    audit probes it."""
     tokenizer = load_tokenizer(tokenizer_file)
     size = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
     return np.array([(tokenizer.id_to_token(token_id) or "").endswith(SENTENCE_FINAL) for token_id in range(size)])
