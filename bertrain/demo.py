@@ -276,8 +276,7 @@ def _run_stages(model: str, out: Path, steps: Optional[int], quick: bool, consol
         _corpus_and_data(model, paths, result, stage, timed, console)
         (out / STATE).write_text(json.dumps({"model": model, "steps": steps, "corpus": result.corpus}))
 
-    stage(3, f"pretrain: a tiny {model.upper()} ({config_name}) on the CPU; step N / total and ETA below. Repeating "
-             "this small corpus many times is on purpose here (learning shown in minutes), so ignore that warning")
+    stage(3, f"pretrain: a tiny {model.upper()} ({config_name}) on the CPU; step N / total and ETA below")
     default_steps = load_config(config_name).train.max_steps
     timed("pretrain", run_cli_stage, "pretrain",
           ["pretrain", "--config", config_name, "--data", str(paths["data"]), "--run-dir", str(paths["run"]),
