@@ -130,6 +130,21 @@ def test_stop_at_once_gives_the_handlers_back():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_the_training_loops_ctrl_c_handler_keeps_an_ignored_sigint_ignored():
+    from bertrain.train.signals import _handle, ctrl_c_saves
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)    # as `nohup bertrain pretrain ... &` starts it
+    try:
+        with ctrl_c_saves():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with ctrl_c_saves():
+            assert signal.getsignal(signal.SIGINT) == _handle
+        assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _albert_base_model(data):
     from bertrain.config import load_config
     from bertrain.data.format import open_prepared

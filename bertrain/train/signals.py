@@ -91,7 +91,11 @@ def stop_at_once(what: str) -> Iterator[None]:
 def ctrl_c_saves() -> Iterator[None]:
     """Within the block (the training loop) Ctrl-C is a stop signal: the step finishes and is saved, exit 130.
     Outside, it raises KeyboardInterrupt as usual: before the first step there is nothing to save, and a caller
-    in the same process (a notebook, tests) gets its Ctrl-C back afterwards."""
+    in the same process (a notebook, tests) gets its Ctrl-C back afterwards. An ignored SIGINT (`nohup … &`) stays
+    ignored."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        yield
+        return
     previous = signal.signal(signal.SIGINT, _handle)
     try:
         yield
