@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,7 +42,7 @@ from bertrain.train.downstream import evaluate  # noqa: E402
 from bertrain.train.finetune import finetune, total_steps  # noqa: E402
 from bertrain.train.scores import score  # noqa: E402
 from tests.helpers import pretrain_env  # noqa: E402
-from tests.test_evaluate import word_kind_task  # noqa: E402
+from tests.test_evaluate import pretrain_word_kind_model  # noqa: E402
 
 
 def bertrain_cli(*args: str) -> None:
@@ -55,19 +54,8 @@ def bertrain_cli(*args: str) -> None:
 
 def pretrained_model(work: Path, steps: int) -> tuple[Path, Path]:
     """(exported pretrained tiny BERT, word-kind task file)."""
-    corpus, task = word_kind_task(work / "task")
-    bertrain_cli("prepare", "--source", str(corpus), "--out", str(work / "data"), "--vocab-size", "400",
-                 "--workers", "1", "--num-shards", "1")
-    config = work / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"objective": "none", "max_seq_length": 32, "eval_batches": 2},
-        "model": {"type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                  "intermediate_size": 128, "max_position_embeddings": 32},
-        "optim": {"lr": 3e-3, "warmup_steps": 20},
-        "train": {"batch_size": 32, "max_steps": steps, "save_every": steps, "eval_every": 0, "log_every": 100},
-        "logging": {"report": False}}))
-    bertrain_cli("pretrain", "-c", str(config), "--data", str(work / "data"), "--run-dir", str(work / "run"))
-    bertrain_cli("export", str(work / "run"), str(work / "export"))
+    run_dir, task = pretrain_word_kind_model(work, steps)
+    bertrain_cli("export", str(run_dir), str(work / "export"))
     return work / "export", task
 
 

@@ -516,28 +516,36 @@ def word_kind_task(root: Path) -> tuple[Path, Path]:
     return root / "corpus.txt", task
 
 
-@pytest.mark.slow
-def test_a_briefly_pretrained_model_beats_random_weights_on_held_out_words(tmp_path):
-    corpus, task = word_kind_task(tmp_path / "task")
+def pretrain_word_kind_model(root: Path, steps: int) -> tuple[Path, Path]:
+    """(RUN_DIR of a tiny BERT pretrained `steps` steps on word_kind_task's corpus, the task file); the benchmark
+    benchmarks/evaluate_vs_trainer.py uses it too."""
+    corpus, task = word_kind_task(root / "task")
     env = pretrain_env()
     prepare = subprocess.run([sys.executable, "-m", "bertrain", "prepare", "--source", str(corpus), "--out",
-                              str(tmp_path / "data"), "--vocab-size", "400", "--workers", "1", "--num-shards", "1"],
+                              str(root / "data"), "--vocab-size", "400", "--workers", "1", "--num-shards", "1"],
                              env=env, capture_output=True, text=True, timeout=300)
     assert prepare.returncode == 0, prepare.stderr
-    config = tmp_path / "tiny.yaml"
+    config = root / "tiny.yaml"
     config.write_text(yaml.safe_dump({
         "data": {"objective": "none", "max_seq_length": 32, "eval_batches": 2},
         "model": {"type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                   "intermediate_size": 128, "max_position_embeddings": 32},
         "optim": {"lr": 3e-3, "warmup_steps": 20},
-        "train": {"batch_size": 32, "max_steps": 600, "save_every": 600, "eval_every": 0, "log_every": 100},
+        "train": {"batch_size": 32, "max_steps": steps, "save_every": steps, "eval_every": 0, "log_every": 100},
         "logging": {"report": False}}))
     pretrain = subprocess.run([sys.executable, "-m", "bertrain", "pretrain", "-c", str(config), "--data",
-                               str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],
+                               str(root / "data"), "--run-dir", str(root / "run")],
                               env=env, capture_output=True, text=True, timeout=600)
     assert pretrain.returncode == 0, pretrain.stderr
+    return root / "run", task
+
+
+@pytest.mark.slow
+def test_a_briefly_pretrained_model_beats_random_weights_on_held_out_words(tmp_path):
+    run_dir, task = pretrain_word_kind_model(tmp_path, 600)
+    env = pretrain_env()
     out = tmp_path / "eval"
-    evaluate = subprocess.run([sys.executable, "-m", "bertrain", "evaluate", str(tmp_path / "run"), "--tasks",
+    evaluate = subprocess.run([sys.executable, "-m", "bertrain", "evaluate", str(run_dir), "--tasks",
                                str(task), "--baseline", "random", "--seeds", "3", "--out", str(out)],
                               env=env, capture_output=True, text=True, timeout=600)
     assert evaluate.returncode == 0, evaluate.stderr
