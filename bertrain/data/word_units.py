@@ -10,10 +10,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from bertrain.data.scripts import SCRIPT_RANGES
 from bertrain.errors import DataError
 
-HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
-KANA = "\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f"
+HAN = SCRIPT_RANGES["han"] + "\U00020000-\U0003134f"   # and the supplementary ideographs (extension B on)
+KANA = SCRIPT_RANGES["kana"]
 _UNSPACED = re.compile(f"[{HAN}{KANA}]")
 _KANA = re.compile(f"[{KANA}]")
 _WORD_CHAR = re.compile(r"\w")
