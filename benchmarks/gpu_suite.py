@@ -169,7 +169,7 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
         optimizer += ["--config", "bert_base"]
     commands += [Command("3", "sync", sync, 60, 30, 30, "checks.log"),
                  Command("4", "optimizer", optimizer, 30, 15, 12, "checks.log"),
-                 Command("6", "check-resume", resume, 90, 60, 55, "checks.log")]
+                 Command("6", "check-resume", resume, 120, 75, 45, "checks.log")]
     compile_run = next(c for c in commands if c.part == "5")
     commands.remove(compile_run)
     return commands + [compile_run]

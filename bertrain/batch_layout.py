@@ -54,6 +54,8 @@ class Packing:
     first_rows: torch.Tensor   # [B] packed row of each sequence's first token ([CLS]), in batch order
     buckets: list[Bucket]
     width: int                 # T
+    sequence_starts: torch.Tensor | None = None  # [B+1] int32 packed row where each sequence starts, then N
+    longest: int = 0           # the longest sequence (the variable-length attention kernel's bound)
 
 
 @dataclass
@@ -158,8 +160,9 @@ def pack_lengths(lengths: np.ndarray, width: int, max_buckets: int = MAX_BUCKETS
     token_index = np.repeat(sequence, sorted_lengths) * width + position
     first = np.empty(len(lengths), dtype=np.int64)
     first[sequence] = sequence_start
+    starts = np.append(sequence_start, start).astype(np.int32)  # a GPU's variable-length attention reads these
     packing = Packing(_tensor(token_index.astype(np.int64)), _tensor(position.astype(np.int64)), _tensor(first),
-                      buckets, width)
+                      buckets, width, _tensor(starts), int(sorted_lengths.max(initial=0)))
     return packing, first[:, None] + np.arange(width)[None, :]
 
 

@@ -4,6 +4,7 @@ commands to the end with `datasets` and `wandb` hidden (as on the bare GPU machi
 
 from __future__ import annotations
 
+import ast
 import collections
 import json
 import os
@@ -163,6 +164,20 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     verdicts = [row[-1] for row in table_rows(report, "## 7.")]
     assert len(verdicts) == 2 + 2 + 4 + 2 + 3 + 1 + 1 and verdicts.count("not measured") == 1  # the failed case
     assert set(verdicts) == {"met", "**NOT met**", "not measured"}
+
+
+def test_the_packed_attention_benchmark_runs_every_variant_on_a_cpu():
+    """benchmarks/gpu_packed.py (run by hand on a GPU): every variant steps, the three paths' losses agree."""
+    result = subprocess.run([sys.executable, "gpu_packed.py", "--device", "cpu", "--shape", "tiny", "--steps", "1"],
+                            cwd=ROOT / "benchmarks", env=dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}."),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for variant in ("padded", "buckets-cudnn", "buckets-cudnn-fixed-shape", "buckets", "varlen"):
+        rates = re.findall(rf"^  {variant} +([0-9.]+) ms/step", result.stdout, re.MULTILINE)
+        assert len(rates) == 2 and all(float(rate) > 0 for rate in rates), result.stdout
+    for losses in re.findall(r"eval losses (\{.*\})", result.stdout):
+        values = list(ast.literal_eval(losses).values())  # {'padded': 7.54, ...} as printed
+        assert len(values) == 3 and max(values) - min(values) < 1e-4 * abs(values[0]), losses
 
 
 @pytest.mark.slow  # ~2 minutes on the shared 2-core CPU: about 17 Python processes, three of them --check-resume's

@@ -220,6 +220,20 @@ def test_stream_crosses_epochs_with_the_same_batches_and_workers_as_one_loader_p
     assert len(pids) == 2 and os.getpid() not in pids  # the same two workers before and after the epoch's end
 
 
+def test_closing_the_stream_stops_its_workers_at_once(prepared):
+    import multiprocessing
+
+    stream = TrainStream(prepared, config(num_workers=2), seed=3, micro_batch_size=8, rank=0, world_size=1, epoch=0,
+                         micro_batch=0)
+    earlier = set(multiprocessing.active_children())  # other tests' streams may still have theirs
+    stream.next()
+    workers = set(multiprocessing.active_children()) - earlier
+    assert len(workers) == 2
+    stream.close()  # without it the workers live on until garbage collection, at the latest at exit
+    assert not any(worker.is_alive() for worker in workers)
+    stream.close()  # twice is harmless
+
+
 def test_stream_resumed_mid_run_equals_the_uninterrupted_stream(prepared):
     per_epoch = num_micro_batches(prepared, config(), seed=3, epoch=0, micro_batch_size=8, world_size=1)
     whole, _ = stream_batches(prepared, config(), per_epoch + 2)

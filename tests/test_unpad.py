@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from bertrain.batch_layout import (IGNORE_INDEX, MAX_BUCKETS, batch_layout, is_right_padded, layout_of, pack_lengths,
                                    plan_buckets)
 from bertrain.config import AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHARE, ModelConfig
-from bertrain.model import build_model
+from bertrain.model import build_model, layers
 from bertrain.model.forward_plan import plan_forward
 from tests.helpers import assert_rounding_close
 
@@ -134,6 +134,34 @@ def test_unpadded_equals_padded_in_evaluation():
     close = rounding(CONFIGS["bert"], batch)
     assert_rounding_close(ours.mlm_logits, padded.mlm_logits, **close, name="mlm logits")
     assert_rounding_close(ours.loss, padded.loss, **close, name="loss")
+
+
+def flash_stand_in(calls: list):
+    """aten._flash_attention_forward's contract (rows [N, heads, d], sequences bounded by cumulative starts, the
+    longest length given) in plain per-sequence SDPA: the GPU path's plumbing, checked on a CPU."""
+
+    def flash(q, k, v, starts_q, starts_k, longest_q, longest_k, dropout_p, is_causal, debug_mask):
+        assert starts_q.dtype == torch.int32 and torch.equal(starts_q, starts_k) and longest_q == longest_k
+        assert int(starts_q[0]) == 0 and int(starts_q[-1]) == len(q) and dropout_p == 0.0 and not is_causal
+        out = torch.empty_like(q)
+        for a, b in zip(starts_q[:-1].tolist(), starts_q[1:].tolist()):
+            assert 0 < b - a <= longest_q
+            rows = [t[a:b].transpose(0, 1) for t in (q, k, v)]                   # [heads, length, d]
+            out[a:b] = F.scaled_dot_product_attention(*rows).transpose(0, 1)
+        calls.append(int(starts_q.diff().max()) == longest_q)
+        return out, None, None, None, None
+
+    return flash
+
+
+@pytest.mark.cross_path
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_gpus_variable_length_attention_equals_the_padded_path(name, monkeypatch):
+    calls = []
+    monkeypatch.setattr(layers, "varlen_flash_available", lambda qkv, num_heads: True)
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", flash_stand_in(calls))
+    assert_same_as_padded(CONFIGS[name], make_batch(LENGTHS["varied"], seed=7))
+    assert calls and all(calls)  # the packed forward went through it, with the longest length
 
 
 def test_attention_stays_inside_each_sequence():

@@ -3,6 +3,7 @@ I intermediate, V vocabulary, N predicted positions."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -98,8 +99,11 @@ class SelfAttention(nn.Module):
 
 def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
     """[N, 3H] fused query/key/value rows → [N, H]; each row attends only to the real tokens of its own
-    sequence: one dense SDPA per length bucket (its fused kernel; nested tensors and FlexAttention were
-    slower or lack a CPU backward, see the README's unpadded-encoder notes)."""
+    sequence: on a GPU in half precision one variable-length flash kernel; else one dense SDPA per length
+    bucket (its fused kernel; nested tensors and FlexAttention were slower or lack a CPU backward, see the
+    README's unpadded-encoder notes)."""
+    if varlen_flash_available(qkv, num_heads):
+        return varlen_attention(qkv, packing, num_heads, dropout_p)
     H = qkv.shape[1] // 3
     d = H // num_heads
     outputs = []
@@ -110,10 +114,39 @@ def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
         else:
             slots = qkv.index_select(0, bucket.gather)                           # [b*width, 3H]
         q, k, v = slots.view(b, width, 3, num_heads, d).permute(2, 0, 3, 1, 4)  # 3 × [b, heads, width, d]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.key_mask, dropout_p=dropout_p)
+        with without_cudnn_attention(qkv):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.key_mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(b * width, H)
         outputs.append(y if bucket.inside is None else y.index_select(0, bucket.inside))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)             # [N, H]
+
+
+def varlen_flash_available(qkv: torch.Tensor, num_heads: int) -> bool:
+    """Whether flash attention's variable-length kernel runs here: a CUDA GPU of compute capability 8.0 or newer,
+    fp16 or bf16, a head size that is a multiple of 8 up to 256."""
+    d = qkv.shape[1] // 3 // num_heads
+    return (qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+            and torch.cuda.get_device_capability(qkv.device) >= (8, 0))
+
+
+def varlen_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """[N, 3H] → [N, H] through one flash kernel over the sequences that packing.sequence_starts bound."""
+    N, H = qkv.shape[0], qkv.shape[1] // 3
+    q, k, v = qkv.view(N, 3, num_heads, H // num_heads).unbind(1)               # 3 × [N, heads, d]
+    starts, longest = packing.sequence_starts, packing.longest
+    y = torch.ops.aten._flash_attention_forward(q, k, v, starts, starts, longest, longest, dropout_p, False, False)[0]
+    return y.reshape(N, H)
+
+
+def without_cudnn_attention(x: torch.Tensor):
+    """On a GPU, SDPA without its cuDNN backend: torch picks cuDNN for masked half-precision attention, and cuDNN
+    builds a plan for every new shape, which bucket shapes are at every step (H200: 789 ms a bert-base step at
+    seq 128 x 256, 59 ms without cuDNN, 57 ms with one fixed shape; benchmarks/gpu_packed.py)."""
+    if not x.is_cuda:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class FeedForward(nn.Module):

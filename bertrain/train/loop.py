@@ -132,8 +132,7 @@ class Trainer:
         if dry_run:
             return report_dry_run(model, accelerator, self.console, config, self.prepared,
                                   micro_batch_size=micro_batch_size, num_parameters=num_parameters,
-                                  checkpoint_bytes=checkpoint_bytes, epoch_length=epoch_length,
-                                  total_steps=total_steps)
+                                  checkpoint_bytes=checkpoint_bytes, epoch_length=epoch_length, total_steps=total_steps)
         repeats = repetition_warning(config, epoch_length, state.total_steps)
         if repeats and is_main:
             self.console.print(f"[yellow]Warning:[/] {repeats}", highlight=False)
@@ -243,6 +242,7 @@ class Trainer:
             session.stop_reason = f"failed: {type(error).__name__}"
             raise
         finally:
+            parts.stream.close()  # loader workers stopped now, not at interpreter exit
             parts.monitor.close(self._summary(state, session))
             self._report(parts)
         accelerator.end_training()

@@ -64,6 +64,12 @@ class TrainStream:
         self.micro_batch += 1
         return batch
 
+    def close(self) -> None:
+        """Stop the loader workers now, while the interpreter is whole, rather than at its exit."""
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+
     def _positions(self) -> Iterator[tuple[int, int]]:
         """(epoch, micro_batch) from the current position on, through every later epoch."""
         epoch, micro_batch = self.epoch, self.micro_batch
