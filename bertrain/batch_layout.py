@@ -54,8 +54,8 @@ class Packing:
     first_rows: torch.Tensor   # [B] packed row of each sequence's first token ([CLS]), in batch order
     buckets: list[Bucket]
     width: int                 # T
-    sequence_starts: torch.Tensor | None = None  # [B+1] int32 packed row where each sequence starts, then N
-    longest: int = 0           # the longest sequence (the variable-length attention kernel's bound)
+    sequence_starts: torch.Tensor  # [B+1] int32 packed row where each sequence starts, then N
+    longest: int               # the longest sequence (the variable-length attention kernel's bound)
 
 
 @dataclass
