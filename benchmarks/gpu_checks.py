@@ -5,8 +5,9 @@ watch; 2 micro-batches a step, bf16 through Accelerate) under torch.cuda.set_syn
 counted in "warn" mode (every synchronization and the line that caused it), then one step in "error"
 mode. On a CPU, which has no device syncs, the host reads that would be syncs (Tensor.item, tolist,
 bool, int, float, nonzero, masked_select, boolean-mask indexing) are counted instead.
-`optimizer`: LAMB (multi-tensor, as the loop builds it) against torch's fused AdamW on a shipped
-config's parameters with random gradients, `found_inf` set as the loop sets it; alternated, medians.
+`optimizer`: LAMB (as the loop builds it: its Triton kernel on a GPU) and LAMB with torch ops against torch's
+fused AdamW on a shipped config's parameters with random gradients, `found_inf` set as the loop sets it;
+alternated, medians. First the kernel's weights are compared with the torch ops' after 3 steps.
 
     python benchmarks/gpu_checks.py sync --data DATA_DIR --case bert_base:adamw --case albert_base:lamb
     python benchmarks/gpu_checks.py optimizer --config bert_base
@@ -173,10 +174,11 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
 
 
 def optimizer_case(args) -> dict:
-    """ms per step of fused AdamW and LAMB on the config's parameters."""
+    """ms per step of fused AdamW, LAMB (its kernel) and LAMB with torch ops on the config's parameters, and how
+    far the kernel's weights are from the torch ops' after a few steps from the same start."""
     from bertrain.config import load_config
     from bertrain.model import build_model
-    from bertrain.train.lamb import Lamb
+    from bertrain.train.lamb import Lamb, own_kernel
     from bertrain.train.optim import parameter_groups
 
     device = torch.device(args.device)
@@ -184,14 +186,41 @@ def optimizer_case(args) -> dict:
     groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.01)]
     for param in model.parameters():
         param.grad = torch.randn_like(param) * 1e-3
+    kernel = own_kernel(list(model.parameters()))
+    difference = kernel_vs_torch_ops(groups, device)
     found_inf = torch.zeros((), device=device)  # what optimizer_step hands both (a finite step)
-    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4)}
+    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4),
+                  "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False)}
     for optimizer in optimizers.values():
         optimizer.found_inf = found_inf
     medians = time_alternating({name: o.step for name, o in optimizers.items()}, args.rounds, args.repeats, device)
     return dict(config=args.config, parameters=sum(p.numel() for p in model.parameters()), device=str(device),
+                kernel=kernel.__name__.rsplit(".", 1)[-1] if kernel else "torch ops", kernel_vs_torch_ops=difference,
                 adamw_ms=1e3 * medians["fused AdamW"], lamb_ms=1e3 * medians["LAMB"],
-                ratio=medians["LAMB"] / medians["fused AdamW"])
+                lamb_torch_ops_ms=1e3 * medians["LAMB, torch ops"], ratio=medians["LAMB"] / medians["fused AdamW"])
+
+
+def kernel_vs_torch_ops(groups: list[dict], device: torch.device, steps: int = 3) -> float:
+    """Largest |w_kernel - w_torch_ops| over the largest |w_torch_ops - w_start| after `steps` LAMB steps of the
+    same gradients: float32 rounding (torch's float32 norms over up to 23M elements) keeps it below 1e-4,
+    a trust ratio 0.1% off makes it 1e-3."""
+    from bertrain.train.lamb import Lamb
+
+    start = [[p.detach().clone() for p in g["params"]] for g in groups]
+    copies = {native: [dict(g, params=[w.clone().requires_grad_() for w in weights]) for g, weights in
+                       zip(groups, start)] for native in (True, False)}
+    optimizers = {native: Lamb(copy, lr=1e-2, weight_decay=0.01, native=native) for native, copy in copies.items()}
+    generator = torch.Generator(device).manual_seed(0)
+    for _ in range(steps):
+        grads = [torch.randn(w.shape, generator=generator, device=device) * 1e-3 for g in start for w in g]
+        for native, optimizer in optimizers.items():
+            for param, grad in zip((p for g in copies[native] for p in g["params"]), grads):
+                param.grad = grad.clone()
+            optimizer.step()
+    pairs = list(zip((p.detach() for g in copies[True] for p in g["params"]),
+                     (p.detach() for g in copies[False] for p in g["params"]), (w for g in start for w in g)))
+    moved = max(float((reference - first).abs().max()) for _, reference, first in pairs)
+    return max(float((kernel - reference).abs().max()) for kernel, reference, _ in pairs) / moved
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,17 +1,22 @@
-"""The multi-tensor LAMB (bertrain/train/lamb.py), with the CPU kernel (lamb_native.c) and with torch ops, against
-the per-parameter LAMB loop it replaces."""
+"""The multi-tensor LAMB (bertrain/train/lamb.py), with the CPU kernel (lamb_native.c), the GPU kernel
+(lamb_triton.py, run by Triton's interpreter on the CPU) and with torch ops, against the per-parameter LAMB loop it
+replaces."""
 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from bertrain.config import ModelConfig
 from bertrain.model import build_model
-from bertrain.train import lamb_native
-from bertrain.train.lamb import Lamb
+from bertrain.train import lamb_native, lamb_triton
+from bertrain.train.lamb import Lamb, own_kernel
 from bertrain.train.optim import parameter_groups
 from tests.helpers import assert_rounding_close
 from tests.reference_lamb import ReferenceLamb
@@ -193,3 +198,54 @@ def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero"):
         monkeypatch.setattr(torch.Tensor, name, host_read)
     run_steps([(model, optimizer)], steps=2)
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.cross_path
+def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
+    """The tests below, in a process where Triton's interpreter runs the GPU kernel on the CPU (it must be chosen
+    before Triton is imported)."""
+    pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                             "interpreted"], cwd=root, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
+    assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def small_triton_blocks(monkeypatch) -> None:
+    """Blocks of 128 elements and 4 partial sums: tensors span many programs and a norm many additions."""
+    monkeypatch.setattr(lamb_triton, "BLOCK", 128)
+    monkeypatch.setattr(lamb_triton, "RATIO_BLOCK", 4)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_interpreted_triton_kernel_equals_per_parameter_lamb(kind, monkeypatch):
+    small_triton_blocks(monkeypatch)
+    reference_model = tiny_model(kind)
+    model = copy.deepcopy(reference_model)
+    assert own_kernel(list(model.parameters())) is lamb_triton
+    reference = ReferenceLamb(groups_of(reference_model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
+    assert_same(reference_model, model, reference, optimizer, steps=5)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
+def test_interpreted_triton_kernel_changes_nothing_on_a_non_finite_step(monkeypatch):
+    small_triton_blocks(monkeypatch)
+    model = tiny_model("albert")
+    optimizer = Lamb(groups_of(model), lr=1e-2)
+    run_steps([(model, optimizer)], steps=2)
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()["state"]))
+    optimizer.found_inf = torch.ones(())
+    run_steps([(model, optimizer)], steps=1, seed=2)
+    after = (model.state_dict(), optimizer.state_dict()["state"])
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    assert all(torch.equal(before[1][i][key], after[1][i][key]) for i in before[1] for key in before[1][i])
+    optimizer.found_inf = torch.zeros(())
+    run_steps([(model, optimizer)], steps=1, seed=2)
+    assert not torch.equal(before[0]["mlm_head.dense.weight"], model.state_dict()["mlm_head.dense.weight"])

@@ -1,11 +1,12 @@
-"""LAMB in a few multi-tensor passes: lamb_native.c on the CPU where it builds, else torch's fused Adam on a
-scratch U = weight_decay * w (lr = -1) gives LAMB's update in one pass. No host reads. README, "Performance"."""
+"""LAMB in two passes over memory: lamb_triton.py on a GPU, lamb_native.c on the CPU where it builds; else torch's
+fused Adam on a scratch U = weight_decay * w (lr = -1) gives LAMB's update in one pass. No host reads. README,
+"Performance"."""
 
 from __future__ import annotations
 
 import torch
 
-from bertrain.train import lamb_native
+from bertrain.train import lamb_native, lamb_triton
 
 
 class Lamb(torch.optim.Optimizer):
@@ -17,7 +18,7 @@ class Lamb(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, native: bool = True) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        self.native = native  # False: torch ops on the CPU too (for comparisons)
+        self.native = native  # False: torch ops on every device (for comparisons)
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}
 
     def __setstate__(self, state: dict) -> None:
@@ -50,9 +51,10 @@ class Lamb(torch.optim.Optimizer):
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        if self.native and uses_native_kernel(params, grads, exp_avgs, exp_avg_sqs, steps):
-            lamb_native.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
-                                    group["eps"], group["weight_decay"], found_inf)
+        kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native else None
+        if kernel is not None:
+            kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
+                               group["eps"], group["weight_decay"], found_inf)
             if found_inf is not None:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
@@ -71,10 +73,10 @@ class Lamb(torch.optim.Optimizer):
 
     def _state(self, param: torch.Tensor) -> dict:
         """The parameter's step / exp_avg / exp_avg_sq, created on first use; `step` lives on the parameter's
-        device (the per-parameter LAMB kept it on the CPU; the fused kernel reads it on the device)."""
+        device (the per-parameter LAMB kept it on the CPU; the kernels read it on the device)."""
         state = self.state[param]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        if not state:  # created where it is used: a copy to the GPU would wait for the host
+            state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
             state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
             state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
         if state["step"].device != param.device or state["step"].dtype != torch.float32:
@@ -89,10 +91,15 @@ class Lamb(torch.optim.Optimizer):
         return buffer
 
 
-def uses_native_kernel(*tensor_lists: list[torch.Tensor]) -> bool:
-    """On the CPU, float32 and contiguous: lamb_native.c's two passes (where a C compiler built it)."""
-    return (tensor_lists[0][0].device.type == "cpu" and lamb_native.library() is not None
-            and lamb_native.eligible([t for tensors in tensor_lists for t in tensors]))
+def own_kernel(*tensor_lists: list[torch.Tensor]):
+    """The two-pass kernel for these tensors (float32, contiguous): lamb_triton on a GPU with Triton, lamb_native
+    on the CPU where a C compiler built it; None elsewhere (torch ops)."""
+    tensors = [t for tensors in tensor_lists for t in tensors]
+    if lamb_triton.eligible(tensors) and lamb_triton.builds(tensors[0].device):
+        return lamb_triton
+    if tensors[0].device.type == "cpu" and lamb_native.library() is not None and lamb_native.eligible(tensors):
+        return lamb_native
+    return None
 
 
 def start_with_weight_decay(updates: list[torch.Tensor], params: list[torch.Tensor], weight_decay: float) -> None:
