@@ -11,8 +11,9 @@ from bertrain.config import validate_model
 from bertrain.errors import ConfigError, DataError
 from bertrain.model.bert import BertPreTrainingModel, PreTrainingModel, PreTrainingOutput
 from bertrain.model.albert import AlbertPreTrainingModel
+from bertrain.model.layers import compile_layers
 
-__all__ = ["build_model", "save_weights", "load_weights", "unwrap",
+__all__ = ["build_model", "compile_layers", "save_weights", "load_weights", "unwrap",
            "PreTrainingModel", "PreTrainingOutput", "BertPreTrainingModel", "AlbertPreTrainingModel"]
 
 

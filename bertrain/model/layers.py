@@ -104,6 +104,12 @@ def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
     README's unpadded-encoder notes)."""
     if varlen_flash_available(qkv, num_heads):
         return varlen_attention(qkv, packing, num_heads, dropout_p)
+    return bucket_attention(qkv, packing, num_heads, dropout_p)
+
+
+@torch.compiler.disable  # eager under torch.compile: the buckets' count and shapes change at every step
+def bucket_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """packed_attention as one dense SDPA per length bucket."""
     H = qkv.shape[1] // 3
     d = H // num_heads
     outputs = []
@@ -193,6 +199,16 @@ def run_steps(steps: list[nn.Module], x: torch.Tensor, where: torch.Tensor | Pac
         else:
             x = layer(x, where, last_rows)
     return x
+
+
+def compile_layers(model: nn.Module, **options) -> int:
+    """torch.compile each encoder layer in place, as torchtitan compiles each block: a layer's inputs keep their
+    kinds from step to step, whereas the whole forward takes each batch's counts and plan (host values) and compiled
+    again for nearly every batch until torch gave up (H200, bert_base: 8 graphs, then eager). Returns the count."""
+    compiled = [module for module in model.modules() if isinstance(module, EncoderLayer)]
+    for layer in compiled:  # a shared ALBERT layer is one module: compiled once
+        layer.compile(**options)
+    return len(compiled)
 
 
 def attention_bias(attention_mask: torch.Tensor | None, padded: bool | None = None) -> torch.Tensor | None:

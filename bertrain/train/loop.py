@@ -20,7 +20,7 @@ from bertrain.config import Config, check_precision_for_device, micro_batch_size
 from bertrain.console import human_seconds, make_console
 from bertrain.data.loader import EmptyEpochError
 from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted
-from bertrain.model import build_model
+from bertrain.model import build_model, compile_layers
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
 from bertrain.train.checkpoint import TrainState
@@ -187,7 +187,7 @@ class Trainer:
             if self.forced or self.longer_budget:
                 state.total_steps = total_steps
         if config.train.compile:
-            model = torch.compile(model)
+            compile_layers(model)
         model, optimizer = accelerator.prepare(model, optimizer)
         if resume_path is not None:
             checkpoint.load_scaler(resume_path, accelerator)
