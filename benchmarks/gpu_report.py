@@ -5,7 +5,7 @@ from __future__ import annotations
 TIME_BUDGET = "not measured (time budget)"  # gpu_suite's status of a command the budget left no time for
 TITLES = {"0": "Setup", "1": "Training step vs transformers", "2": "bertrain pretrain end to end",
           "3": "Host synchronizations in the step", "4": "LAMB vs fused AdamW", "5": "torch.compile",
-          "6": "Exact resume"}
+          "6": "Exact resume", "7": "Where the step's time goes"}
 
 
 def fmt(value, spec: str = ".3g", suffix: str = "") -> str:
@@ -195,6 +195,21 @@ def part6(state, commands, results) -> list[str]:
             command.tail or "(no output yet)", "```"]
 
 
+def part7(state, commands, results) -> list[str]:
+    r = (results.get("7") or [None])[0]
+    if r is None:
+        return ["no figure: see step.log"]
+    total = r["total_ms"]
+    groups = sorted(r["groups_ms"].items(), key=lambda item: -item[1])
+    ops = sorted(r["ops_ms"].items(), key=lambda item: -item[1])[:12]
+    return ([f"`benchmarks/gpu_profile.py`: torch.profiler over {r['shape']} seq {r['seq']} batch {r['batch']} "
+             f"training steps (forward, backward, fused AdamW), the ops' self device time: {total:.2f} ms a step.",
+             ""] + table(["group", "ms per step", "share"], [[g, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
+                                                             for g, ms in groups])
+            + [""] + table(["op", "ms per step", "share"], [[f"`{name}`", fmt(ms, ".2f"),
+                                                              fmt(100 * ms / total, ".1f", "%")] for name, ms in ops]))
+
+
 def targets(state, commands, results) -> list[str]:
     rows, roles = step_rows(results), state["roles"]
     body = []
@@ -238,7 +253,7 @@ def targets(state, commands, results) -> list[str]:
 
 def render(state: dict, commands, results: dict) -> str:
     lines = header(state, commands)
-    sections = [("1", part1), ("2", part2), ("3", part3), ("4", part4), ("5", part5), ("6", part6)]
+    sections = [("1", part1), ("2", part2), ("3", part3), ("4", part4), ("5", part5), ("6", part6), ("7", part7)]
     for part, build in sections:
         lines += ["", f"## {part}. {TITLES[part]}", ""]
         try:
@@ -246,7 +261,7 @@ def render(state: dict, commands, results: dict) -> str:
         except Exception as error:  # a malformed result must not cost the rest of the report
             lines.append(f"(this section failed to render: {type(error).__name__}: {error})")
         lines += failures(commands, part)
-    lines += ["", "## 7. Targets", ""]
+    lines += ["", "## 8. Targets", ""]
     try:
         lines += targets(state, commands, results)
     except Exception as error:

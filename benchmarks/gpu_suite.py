@@ -41,7 +41,7 @@ BUDGET_S = 520  # the runner's overall time; gpu_suite.sh kills it at 530 s (+10
 
 @dataclasses.dataclass
 class Command:
-    part: str           # "0" (setup) to "6"
+    part: str           # "0" (setup) to "7"
     label: str
     argv: list[str]
     cap: float          # its own time limit, seconds
@@ -167,9 +167,13 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     else:
         sync += ["--case", "bert_base:adamw", "--case", "albert_base:lamb", "--steps", "3"]
         optimizer += ["--config", "bert_base"]
+    profile = [PY, bench / "gpu_profile.py", "--results", results / "7.jsonl"] + (
+        ["--device", device, "--shape", "tiny", "--seq", "32", "--batch", "4", "--steps", "1"] if quick
+        else ["--shape", "bert-large", "--seq", "128"])
     commands += [Command("3", "sync", sync, 60, 30, 30, "checks.log"),
                  Command("4", "optimizer", optimizer, 30, 15, 12, "checks.log"),
-                 Command("6", "check-resume", resume, 120, 75, 45, "checks.log")]
+                 Command("6", "check-resume", resume, 120, 75, 45, "checks.log"),
+                 Command("7", "profile", profile, 45, 20, 17, "step.log")]
     compile_run = next(c for c in commands if c.part == "5")
     commands.remove(compile_run)
     return commands + [compile_run]

@@ -54,7 +54,7 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "5"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
     before_compile = sum(c.expect for c in commands[:-1]) + 10  # + the version probe
     assert commands[-1].optional and gpu_suite.BUDGET_S - before_compile >= max(150, commands[-1].min_start)
@@ -142,7 +142,8 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
     return {"1": step, "2": pretrain[:4], "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17)],
-            "5": pretrain[4:]}
+            "5": pretrain[4:], "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=90.0,
+                                          groups_ms={"GEMM": 40.0, "other": 50.0}, ops_ms={"aten::mm": 40.0})]}
 
 
 def test_the_report_renders_every_gpu_section(tmp_path):
@@ -161,7 +162,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert len(table_rows(report, "## 1.")) == 8
     # vs bare: 0.4 / (part 1's MFU, 1.5e13 / 0.05 / 6.6e14 = 0.4545, x (1 - 0.05 padding computed)) = 0.93
     assert {row[9] for row in table_rows(report, "## 2.")} == {"0.93"}
-    verdicts = [row[-1] for row in table_rows(report, "## 7.")]
+    verdicts = [row[-1] for row in table_rows(report, "## 8.")]
     assert len(verdicts) == 2 + 2 + 4 + 2 + 3 + 1 + 1 and verdicts.count("not measured") == 1  # the failed case
     assert set(verdicts) == {"met", "**NOT met**", "not measured"}
 
@@ -195,11 +196,11 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(LOGS + ["report.md", "results.json"])  # <= 8 files
     report = (out / "report.md").read_text()
-    for heading in ["## Commands", "## Status"] + [f"## {n}. " for n in range(1, 8)]:
+    for heading in ["## Commands", "## Status"] + [f"## {n}. " for n in range(1, 9)]:
         assert heading in report, heading
     assert "failed to render" not in report and "no figure" not in report and "not measured" not in report
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 12
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 13
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 for r in figures["1"])
     assert [r["label"] for r in figures["2"]] == [run["label"] for run in gpu_suite.pretrain_runs(True)[:4]]
@@ -222,5 +223,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1), ("## 5.", 2)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
-    assert {row[-1] for row in table_rows(report, "## 7.")} <= {"met", "**NOT met**"}
-    assert len(table_rows(report, "## 7.")) == 14
+    assert {row[-1] for row in table_rows(report, "## 8.")} <= {"met", "**NOT met**"}
+    assert len(table_rows(report, "## 8.")) == 14
+    profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
+    assert abs(sum(profile["groups_ms"].values()) - profile["total_ms"]) < 1e-6 * profile["total_ms"]
+    assert profile["groups_ms"]["GEMM"] > 0 and len(table_rows(report, "## 7.")) > 3
