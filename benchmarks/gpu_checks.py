@@ -20,12 +20,13 @@ import collections
 import contextlib
 import json
 import os
+import time
 import traceback
 import warnings
 from pathlib import Path
 
 import torch
-from model_step import time_alternating
+from model_step import synchronize, time_alternating
 
 HERE = str(Path(__file__).resolve())
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -197,7 +198,21 @@ def optimizer_case(args) -> dict:
     return dict(config=args.config, parameters=sum(p.numel() for p in model.parameters()), device=str(device),
                 kernel=kernel.__name__.rsplit(".", 1)[-1] if kernel else "torch ops", kernel_vs_torch_ops=difference,
                 adamw_ms=1e3 * medians["fused AdamW"], lamb_ms=1e3 * medians["LAMB"],
-                lamb_torch_ops_ms=1e3 * medians["LAMB, torch ops"], ratio=medians["LAMB"] / medians["fused AdamW"])
+                lamb_torch_ops_ms=1e3 * medians["LAMB, torch ops"], ratio=medians["LAMB"] / medians["fused AdamW"],
+                adamw_host_ms=host_ms(optimizers["fused AdamW"].step, device),
+                lamb_host_ms=host_ms(optimizers["LAMB"].step, device))
+
+
+def host_ms(step, device: torch.device, steps: int = 20) -> float:
+    """Host milliseconds per call without waiting for the device: a step whose host time nears its device time
+    is launch-bound (on a CPU both are the same time)."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - start
+    synchronize(device)
+    return 1e3 * elapsed / steps
 
 
 def kernel_vs_torch_ops(groups: list[dict], device: torch.device, steps: int = 3) -> float:

@@ -218,7 +218,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert "last 8 of 13 (time limit)" in report
     assert figures["5"][0]["compiled_graphs"] >= 1
     assert [(r["first_step"], r["later_steps"]) for r in figures["3"]] == [(0, 0)] * 4
-    assert figures["4"][0]["ratio"] > 0
+    assert figures["4"][0]["ratio"] > 0 and figures["4"][0]["lamb_host_ms"] > 0
+    assert figures["4"][0]["kernel_vs_torch_ops"] < 1e-4  # LAMB's kernel (the C one here) agrees with its torch ops
     assert "**PASS**" in report
     for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1), ("## 5.", 2)):
         rows = table_rows(report, heading)

@@ -1,7 +1,7 @@
-"""LAMB's GPU kernel in Triton: lamb_native.c's two passes over memory (10 tensor-sized reads and writes; torch
-ops need 16) over all of a group's tensors in one launch each, with a small launch between them for the trust
-ratios. Triton ships with torch's CUDA builds; without it lamb.py uses torch ops. The CPU tests run these kernels
-in Triton's interpreter (TRITON_INTERPRET=1)."""
+"""LAMB's GPU kernel in Triton: lamb_native.c's two passes over memory (10 tensor-sized reads and writes; lamb.py's
+torch ops need 16 on a GPU) over all of a group's tensors in one launch each, with a small launch between them
+for the trust ratios. Triton ships with torch's CUDA builds; without it lamb.py uses torch ops. The CPU tests run
+these kernels in Triton's interpreter (TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
