@@ -77,13 +77,12 @@ def steps_until_stable(model, compiled, steps: int = 10) -> list[int]:
     return graphs
 
 
-@pytest.mark.parametrize("kind", ["bert", "albert"])
-@pytest.mark.parametrize("attention", ["padded", "packed: buckets", "packed: variable-length kernel"])
-def test_compiled_layers_reach_fixed_graphs_and_the_eager_results(kind, attention, monkeypatch):
+def compiled_twin(kind: str, attention: str, monkeypatch, **changes):
+    """(model, a copy with compile_layers applied) for the attention path; `changes`: to the model config."""
     if attention == "packed: variable-length kernel":
         monkeypatch.setattr(layers, "varlen_flash_available", lambda qkv, num_heads: True)
         monkeypatch.setattr(layers, "varlen_attention", varlen_stand_in)
-    config = dataclasses.replace(CONFIGS[kind], unpad="false" if attention == "padded" else "true")
+    config = dataclasses.replace(CONFIGS[kind], unpad="false" if attention == "padded" else "true", **changes)
     torch.manual_seed(0)
     model = build_model(config).train()
     compiled = copy.deepcopy(model)
@@ -91,7 +90,18 @@ def test_compiled_layers_reach_fixed_graphs_and_the_eager_results(kind, attentio
     counters.clear()
     layer_modules = config.num_hidden_layers if kind == "bert" else config.num_hidden_groups * config.inner_group_num
     assert compile_layers(compiled, backend="eager") == layer_modules  # ALBERT's shared layers once each
-    graphs = steps_until_stable(model, compiled)
+    return model, compiled
+
+
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+@pytest.mark.parametrize("attention", ["padded", "packed: buckets", "packed: variable-length kernel"])
+def test_compiled_layers_reach_fixed_graphs_and_the_eager_results(kind, attention, monkeypatch):
+    graphs = steps_until_stable(*compiled_twin(kind, attention, monkeypatch))
     assert graphs[0] > 0  # the layers did go through torch.compile
     assert graphs[2] == graphs[-1], f"new graphs after step 2: {graphs}"
 
+
+@pytest.mark.parametrize("attention", ["padded", "packed: variable-length kernel"])
+def test_compiled_layers_under_gradient_checkpointing(attention, monkeypatch):
+    graphs = steps_until_stable(*compiled_twin("bert", attention, monkeypatch, gradient_checkpointing=True), steps=6)
+    assert graphs[0] > 0 and graphs[2] == graphs[-1], graphs
