@@ -161,8 +161,8 @@ class TrainConfig:
     requeue_exit_code: int = opt(75, "Exit code after a SIGTERM/SIGUSR1-triggered checkpoint, for job scripts to "
                                  "requeue (after Ctrl-C: 130).")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (exact resume tests use it).")
-    compile: bool = opt(False, "torch.compile each encoder layer: a slow first step; for GPUs (on 2 CPU cores "
-                         "tiny_bert steps were 1.15-1.55x slower compiled).")
+    compile: bool = opt(False, "torch.compile each encoder layer: a slow first step; for GPUs (on 2 idle CPU "
+                         "cores tiny_bert's step took 1.13x as long compiled).")
     threads: Union[int, Literal["auto"]] = opt(
         "auto", "Intra-op CPU threads of a CPU run (torch.set_num_threads). `auto` (default): on a CPU, one "
         "forward + backward of a micro-batch is timed at torch's default count (the cores) and at fewer threads "
