@@ -74,7 +74,8 @@ def main() -> None:
     total = sum(ops.values())
     groups: dict[str, float] = {}
     for name, microseconds in ops.items():
-        groups[group_of(name)] = groups.get(group_of(name), 0.0) + microseconds
+        group = group_of(name)
+        groups[group] = groups.get(group, 0.0) + microseconds
     print(f"{args.shape} seq {args.seq} batch {batch_size} on {device} ({'bf16' if dtype else 'fp32'}): "
           f"{total / 1e3:.2f} ms of op self time per step")
     print(f"| group | ms per step | share |\n|---|---|---|")

@@ -10,12 +10,11 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from bertrain.model import build_model, compile_layers, layers
 from tests.helpers import assert_rounding_close
-from tests.test_unpad import CONFIGS, WIDTH, make_batch
+from tests.test_unpad import CONFIGS, WIDTH, make_batch, per_sequence_attention
 
 
 @torch.library.custom_op("bertrain_test::varlen_flash", mutates_args=())
@@ -23,14 +22,6 @@ def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torc
                  ) -> torch.Tensor:
     """An opaque op in the place of aten._flash_attention_forward (which only runs on a GPU): per-sequence SDPA."""
     return per_sequence_attention(q, k, v, starts)
-
-
-def per_sequence_attention(q, k, v, starts):
-    outputs = []
-    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
-        rows = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # [heads, length, d]
-        outputs.append(F.scaled_dot_product_attention(*rows).transpose(0, 1))
-    return torch.cat(outputs)
 
 
 @varlen_flash.register_fake
