@@ -364,3 +364,42 @@ def test_normalizers_make_split_batches_give_the_whole_batch_gradient(name):
         out.loss.backward()
     for parameter_name, parameter in model.named_parameters():
         assert_rounding_close(parameter.grad, whole[parameter_name], **rounding(config, batch), name=parameter_name)
+
+
+class _BackwardOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops that run while active (here: in a backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_split_heads_backward_is_autograds_gradient_in_one_copy(parts):
+    from bertrain.model.layers import split_heads
+
+    B, T, heads, d = 3, 7, 4, 5
+    g = torch.Generator().manual_seed(parts)
+    upstream = [torch.randn(B, heads, T, d, generator=g) for _ in range(parts)]
+    upstream[0] = upstream[0].transpose(2, 3).contiguous().transpose(2, 3)  # a strided gradient too
+
+    def gradient(split) -> tuple[torch.Tensor, list[str]]:
+        projected = torch.randn(B, T, parts * heads * d, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        outputs = split(projected)
+        with _BackwardOps() as recorded:
+            torch.autograd.backward(outputs, upstream)
+        return projected.grad, recorded.ops
+
+    def autograd_unbind(projected):  # the layer's code before split_heads
+        return projected.view(B, T, parts, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+
+    ours, our_ops = gradient(lambda projected: split_heads(projected, parts, heads))
+    reference, reference_ops = gradient(autograd_unbind)
+    assert torch.equal(ours, reference) and ours.is_contiguous()
+    copies = {"cat", "stack", "copy_", "clone", "_to_copy", "contiguous"}
+    assert sum(op in copies for op in our_ops) == 1, our_ops
+    assert sum(op in copies for op in reference_ops) == 2, reference_ops  # what split_heads saves

@@ -85,16 +85,40 @@ class SelfAttention(nn.Module):
                 mixed, x = mixed.index_select(0, rows), x.index_select(0, rows)
             return self.output(mixed), x
         B, T, H = x.shape
-        heads, d = self.num_heads, H // self.num_heads
+        heads = self.num_heads
         if rows is None:
             residual = x
-            q, k, v = self.qkv(x).view(B, T, 3, heads, d).permute(2, 0, 3, 1, 4)  # 3 × [B, heads, T, d]
+            q, k, v = split_heads(self.qkv(x), 3, heads)  # 3 × [B, heads, T, d]
         else:  # queries at the rows only; keys and values from all of x
             residual = x.gather(1, rows[..., None].expand(-1, -1, H))  # [B, K, H]
-            q = F.linear(residual, self.qkv.weight[:H], self.qkv.bias[:H]).view(B, -1, heads, d).transpose(1, 2)
-            k, v = F.linear(x, self.qkv.weight[H:], self.qkv.bias[H:]).view(B, T, 2, heads, d).permute(2, 0, 3, 1, 4)
+            q, = split_heads(F.linear(residual, self.qkv.weight[:H], self.qkv.bias[:H]), 1, heads)
+            k, v = split_heads(F.linear(x, self.qkv.weight[H:], self.qkv.bias[H:]), 2, heads)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=where, dropout_p=p)  # [B, heads, T or K, d]
         return self.output(y.transpose(1, 2).reshape(B, -1, H)), residual
+
+
+class SplitHeads(torch.autograd.Function):
+    """[B, T, parts * H] projection → parts × [B, heads, T, d] views. The backward writes the parts' gradients
+    straight into [B, T, parts * H]: one copy, where autograd's unbind stacks them as [parts, B, heads, T, d] and
+    then copies again to reorder (bert-large: two passes over a [B, T, 3H] gradient per layer)."""
+
+    @staticmethod
+    def forward(ctx, projected: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, ...]:
+        B, T, width = projected.shape
+        return projected.view(B, T, parts, heads, width // parts // heads).permute(2, 0, 3, 1, 4).unbind(0)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        B, heads, T, d = grads[0].shape
+        # out=: a stack may take its input's strides, and a strided gradient would cost autograd another copy
+        whole = grads[0].new_empty(B, T, len(grads), heads, d)
+        torch.stack([g.transpose(1, 2) for g in grads], dim=2, out=whole)
+        return whole.flatten(2), None, None  # [B, T, parts * H]
+
+
+def split_heads(projected: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, ...]:
+    """[B, T, parts * H] → parts × [B, heads, T, d] (queries, keys and values, or some), views of `projected`."""
+    return SplitHeads.apply(projected, parts, heads)
 
 
 def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
@@ -111,7 +135,6 @@ def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
 def bucket_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
     """packed_attention as one dense SDPA per length bucket."""
     H = qkv.shape[1] // 3
-    d = H // num_heads
     outputs = []
     for bucket in packing.buckets:
         b, width = bucket.shape
@@ -119,7 +142,7 @@ def bucket_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
             slots = qkv[bucket.start:bucket.start + bucket.size]                  # a view: no copy
         else:
             slots = qkv.index_select(0, bucket.gather)                           # [b*width, 3H]
-        q, k, v = slots.view(b, width, 3, num_heads, d).permute(2, 0, 3, 1, 4)  # 3 × [b, heads, width, d]
+        q, k, v = split_heads(slots.view(b, width, 3 * H), 3, num_heads)       # 3 × [b, heads, width, d]
         with without_cudnn_attention(qkv):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.key_mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(b * width, H)
