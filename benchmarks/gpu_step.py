@@ -3,10 +3,12 @@ AlbertForPreTraining (attn_implementation="sdpa") on a GPU: BERT-base/-large and
 seq 128 and 512, bf16 autocast, same weights (copied with bertrain.model.hf), same batch and masking
 (15% of positions), runs alternated with a large bf16 GEMM that measures the device's peak in the same
 run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM head at masked positions
-only) against that peak. Not part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
+only) against that peak. `--compile`: ours with train.compile's per-layer torch.compile (transformers stays
+eager), its compile time reported. Not part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
 
     python benchmarks/gpu_step.py                                   # cuda, all shapes, seq 128 and 512
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --rounds 10
+    python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --compile
     python benchmarks/gpu_step.py --device cpu --shapes tiny --seqs 64 --batch 4
 """
 
@@ -17,10 +19,10 @@ import json
 import time
 
 import torch
-from model_step import gemm_fn, make_batch, reference_model, step_fn, time_alternating, useful_flops
+from model_step import gemm_fn, make_batch, reference_model, step_fn, synchronize, time_alternating, useful_flops
 
 from bertrain.config import load_config
-from bertrain.model import build_model
+from bertrain.model import build_model, compile_layers
 
 SHAPES = {  # name: (shipped config, vocab size, {seq: batch on an 80 GB GPU})
     "bert-base": ("bert_base", 30522, {128: 256, 512: 32}),
@@ -55,12 +57,17 @@ def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict
     batch = {k: v.to(device) for k, v in make_batch(config, batch_size, torch.Generator().manual_seed(0), seq).items()}
     dtype = None if args.dtype == "fp32" else torch.bfloat16
     gemm, gemm_flops = gemm_fn(dtype or torch.float32, args.gemm_size, device)
-    medians = time_alternating({"ours": step_fn(ours, batch, False, config.type, dtype, device),
-                                "hf": step_fn(theirs, batch, True, config.type, dtype, device), "gemm": gemm},
-                               args.rounds, args.repeats, device)
+    ours_step, extra = step_fn(ours, batch, False, config.type, dtype, device), {}
+    if args.compile:  # compiled on the first call (a second layer graph for the pruned last layer): timed apart
+        started = time.perf_counter()
+        ours_step()
+        synchronize(device)
+        extra = dict(compiled=True, compile_s=time.perf_counter() - started)
+    medians = time_alternating({"ours": ours_step, "hf": step_fn(theirs, batch, True, config.type, dtype, device),
+                                "gemm": gemm}, args.rounds, args.repeats, device)
     peak = gemm_flops / medians["gemm"]
     flops = useful_flops(config, batch_size, int((batch["labels"] != -100).sum()), seq)
-    return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops)
+    return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops, **extra)
 
 
 def main() -> None:
@@ -74,6 +81,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="Steps per timed run.")
     parser.add_argument("--gemm-size", type=int, default=None, help="Peak GEMM size (default 8192 cuda, 1024 cpu).")
     parser.add_argument("--results", default=None, help="Append each row as a JSON line to this file.")
+    parser.add_argument("--compile", action="store_true", help="Ours with each encoder layer torch.compiled.")
+    parser.add_argument("--compile-backend", default=None, help="torch.compile backend (e.g. eager on a CPU).")
     args = parser.parse_args()
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -84,7 +93,8 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"{name}: torch {torch.__version__}, transformers {transformers.__version__}, {args.dtype}, fused AdamW, "
-          f"medians of {args.rounds} alternated rounds of {args.repeats} steps")
+          f"medians of {args.rounds} alternated rounds of {args.repeats} steps"
+          + (f", ours with compiled layers ({args.compile_backend or 'inductor'})" if args.compile else ""))
     print(f"{'shape':<13} {'seq':>4} {'batch':>5} {'ours seq/s':>11} {'hf seq/s':>10} {'speed-up':>8} "
           f"{'ours MFU':>8} {'hf MFU':>7} {'peak TF/s':>9}")
     seqs = [int(s) for s in args.seqs.split(",")]
@@ -93,7 +103,11 @@ def main() -> None:
         for seq in seqs:
             batch_size = args.batch or SHAPES[shape][2].get(seq, 8)
             try:
-                pair = pair or build_pair(shape, max(seqs), device)
+                if pair is None:
+                    pair = build_pair(shape, max(seqs), device)
+                    if args.compile:
+                        options = {"backend": args.compile_backend} if args.compile_backend else {}
+                        compile_layers(pair[1], **options)
                 r = measure(pair, seq, batch_size, args, device)
             except Exception as error:  # e.g. out of memory: the other shapes still run
                 print(f"{shape:<13} {seq:>4} {batch_size:>5} failed: {type(error).__name__}: {error}", flush=True)
@@ -102,7 +116,8 @@ def main() -> None:
                 continue
             print(f"{shape:<13} {seq:>4} {batch_size:>5} {batch_size / r['ours']:>11.1f} {batch_size / r['hf']:>10.1f} "
                   f"{r['hf'] / r['ours']:>7.2f}x {100 * r['flops'] / r['ours'] / r['peak']:>7.3g}% "
-                  f"{100 * r['flops'] / r['hf'] / r['peak']:>6.3g}% {r['peak'] / 1e12:>9.3g}", flush=True)
+                  f"{100 * r['flops'] / r['hf'] / r['peak']:>6.3g}% {r['peak'] / 1e12:>9.3g}"
+                  + (f"  (compiled in {r['compile_s']:.1f} s)" if args.compile else ""), flush=True)
             if args.results:  # one line per row as it is measured: a run cut short keeps its rows
                 with open(args.results, "a") as out:
                     out.write(json.dumps(dict(r, shape=shape, seq=seq, batch=batch_size, dtype=args.dtype)) + "\n")

@@ -94,7 +94,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
                  floor=30, expect=28),
             dict(at_512, label="bert_base-512-unpad-true", sets=at_512["sets"] + ["model.unpad=true"], cap=45,
                  floor=25, expect=40),
-            # compile (~85 s at bert-base on an H100) runs last with what is left, if that is 100 s or more
+            # the real loop compiled: last (after part 5's compiled bare step), if 100 s or more are left
             dict(base, label="bert_base-128-compile", steps=60, log_every=10, last=40, cap=300, floor=0, expect=115,
                  min_start=100, optional=True, sets=common["sets"] + ["train.compile=true"])]
 
@@ -104,6 +104,10 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     shapes, seqs = (("tiny", "tiny-albert"), (32, 64)) if quick else (
         ("bert-base", "bert-large", "albert-base", "albert-large"), (128, 512))
     return [(shape, seq) for shape in shapes for seq in seqs]
+
+
+# part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
+STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
 
 def target_shapes(quick: bool) -> dict:
@@ -170,13 +174,19 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     profile = [PY, bench / "gpu_profile.py", "--results", results / "7.jsonl"] + (
         ["--device", device, "--shape", "tiny", "--seq", "32", "--batch", "4", "--steps", "1"] if quick
         else ["--shape", "bert-large", "--seq", "128"])
+    # part 1's step with train.compile's compiled layers, beside part 1's eager step
+    step_compiled = [PY, bench / "gpu_step.py", "--compile", "--results", results / "5-step.jsonl"] + (
+        ["--device", device, "--shapes", "tiny", "--seqs", "32", "--batch", "4", "--rounds", "1", "--repeats", "1",
+         "--gemm-size", "256", "--compile-backend", "eager"] if quick else
+        ["--shapes", ",".join(s for s, _ in STEP_COMPILE_SHAPES), "--seqs", "128", "--rounds", "3"])
     commands += [Command("3", "sync", sync, 60, 30, 30, "checks.log"),
                  Command("4", "optimizer", optimizer, 30, 15, 12, "checks.log"),
                  Command("6", "check-resume", resume, 120, 75, 45, "checks.log"),
-                 Command("7", "profile", profile, 45, 20, 17, "step.log")]
-    compile_run = next(c for c in commands if c.part == "5")
-    commands.remove(compile_run)
-    return commands + [compile_run]
+                 Command("7", "profile", profile, 45, 20, 17, "step.log"),
+                 Command("5", "gpu_step-compile", step_compiled, 170, 0, 120, "compile.log", min_start=90,
+                         optional=True)]
+    compile_runs = [c for c in commands if c.part == "5"]  # last: the step's, then the pretrain run's
+    return [c for c in commands if c.part != "5"] + compile_runs[::-1]
 
 
 class Stopped(Exception):

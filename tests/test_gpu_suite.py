@@ -54,10 +54,12 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5"]
+    assert [c.label for c in commands[-2:]] == ["gpu_step-compile", "bert_base-128-compile"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-1]) + 10  # + the version probe
-    assert commands[-1].optional and gpu_suite.BUDGET_S - before_compile >= max(150, commands[-1].min_start)
+    before_compile = sum(c.expect for c in commands[:-2]) + 10  # + the version probe
+    assert commands[-2].optional and commands[-1].optional
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-2].min_start)
     for command in commands:
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
@@ -83,7 +85,9 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
         command.status = "ok"
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 80 s left, 100 s needed"
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-2].status = "timed out after 90 s"
+    commands[-2].status = "timed out after 170 s"  # the compiled bare step: optional too
+    assert not gpu_suite.suite_failed({}, commands)
+    commands[-3].status = "timed out after 45 s"
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -124,10 +128,11 @@ def test_a_sync_warning_is_charged_to_the_code_that_called_torch():
 
 
 def table_rows(report: str, heading: str) -> list[list[str]]:
-    """The cells of the table rows (header and rule left out) in the section starting with `heading`."""
-    section = report.split(heading)[1].split("\n## ")[0]
-    rows = [line.strip("|").split(" | ") for line in section.splitlines() if line.startswith("| ")]
-    return [[cell.strip() for cell in row] for row in rows[1:]]
+    """The cells of the table rows (headers and rules left out) in the section starting with `heading`."""
+    lines = report.split(heading)[1].split("\n## ")[0].splitlines()
+    rows = [line.strip("|").split(" | ") for line, after in zip(lines, lines[1:] + [""])
+            if line.startswith("| ") and not after.startswith("|---")]
+    return [[cell.strip() for cell in row] for row in rows]
 
 
 def fake_gpu_results(runs: list[dict]) -> dict:
@@ -142,7 +147,9 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
     return {"1": step, "2": pretrain[:4], "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17)],
-            "5": pretrain[4:], "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=90.0,
+            "5": pretrain[4:], "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
+                                          if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
+            "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=90.0,
                                           groups_ms={"GEMM": 40.0, "other": 50.0}, ops_ms={"aten::mm": 40.0})]}
 
 
@@ -162,8 +169,13 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert len(table_rows(report, "## 1.")) == 8
     # vs bare: 0.4 / (part 1's MFU, 1.5e13 / 0.05 / 6.6e14 = 0.4545, x (1 - 0.05 padding computed)) = 0.93
     assert {row[9] for row in table_rows(report, "## 2.")} == {"0.93"}
+    # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
+    assert [row[6:] for row in table_rows(report, "## 5.")[2:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
-    assert len(verdicts) == 2 + 2 + 4 + 2 + 3 + 1 + 1 and verdicts.count("not measured") == 1  # the failed case
+    assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 3 + 1 + 1 and verdicts.count("not measured") == 1  # the failed case
+    assert [row[0] for row in table_rows(report, "## 8.")[2:4]] == [
+        "bert-large seq 128 (train.compile, part 5): useful MFU >= 50%",
+        "bert-large seq 128 (train.compile, part 5): >= 1.5x transformers"]
     assert set(verdicts) == {"met", "**NOT met**", "not measured"}
 
 
@@ -200,7 +212,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
         assert heading in report, heading
     assert "failed to render" not in report and "no figure" not in report and "not measured" not in report
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 13
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 14
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 for r in figures["1"])
     assert [r["label"] for r in figures["2"]] == [run["label"] for run in gpu_suite.pretrain_runs(True)[:4]]
@@ -217,15 +229,16 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
     assert "last 8 of 13 (time limit)" in report
     assert figures["5"][0]["compiled_graphs"] >= 1
+    assert figures["5-step"][0]["compiled"] and figures["5-step"][0]["ours"] > 0 < figures["5-step"][0]["compile_s"]
     assert [(r["first_step"], r["later_steps"]) for r in figures["3"]] == [(0, 0)] * 4
     assert figures["4"][0]["ratio"] > 0 and figures["4"][0]["lamb_host_ms"] > 0
     assert figures["4"][0]["kernel_vs_torch_ops"] < 1e-4  # LAMB's kernel (the C one here) agrees with its torch ops
     assert "**PASS**" in report
-    for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1), ("## 5.", 2)):
+    for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1), ("## 5.", 2 + 1)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
     assert {row[-1] for row in table_rows(report, "## 8.")} <= {"met", "**NOT met**"}
-    assert len(table_rows(report, "## 8.")) == 14
+    assert len(table_rows(report, "## 8.")) == 16
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
     assert abs(sum(profile["groups_ms"].values()) - profile["total_ms"]) < 1e-6 * profile["total_ms"]
     assert profile["groups_ms"]["GEMM"] > 0 and len(table_rows(report, "## 7.")) > 3
