@@ -33,6 +33,17 @@ def test_gpu_step_runs_on_cpu_with_a_tiny_shape():
         assert all(value > 0 for value in numbers(row)[2:]), row
 
 
+def test_split_heads_benchmark_prints_both_dtypes():
+    out = run("split_heads.py", "--batch", "2", "--seq", "16", "--hidden", "64", "--heads", "4", "--rounds", "1",
+              "--repeats", "1")
+    rows = [line.split() for line in out.splitlines() if line.startswith(("float32 ", "bfloat16 "))]
+    assert [row[0] for row in rows] == ["float32", "bfloat16"]
+    for row in rows:  # ms with autograd's unbind, ms with split_heads, their ratio
+        old, new, ratio = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
+        rounding = 0.0005 / old + 0.0005 / new  # the ms are printed to 3 decimals, the ratio to 2
+        assert old > 0 and new > 0 and abs(ratio - new / old) <= 0.005 + ratio * rounding, row
+
+
 @pytest.mark.slow  # ~60 s on the shared 2-core CPU
 def test_optimizer_step_prints_lamb_against_fused_adamw():
     out = run("optimizer_step.py", "--config", "tiny_bert", "--rounds", "2", "--per-parameter")
