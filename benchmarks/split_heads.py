@@ -23,6 +23,10 @@ def autograd_unbind(projected: torch.Tensor, heads: int) -> tuple[torch.Tensor, 
     return projected.view(B, T, 3, heads, width // 3 // heads).permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def split_heads_of_three(projected: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
+    return split_heads(projected, 3, heads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=32)
@@ -51,10 +55,6 @@ def main() -> None:
                     times[name].append((time.perf_counter() - started) / args.repeats)
         old, new = (1e3 * statistics.median(times[name]) for name in ways)
         print(f"{str(dtype).removeprefix('torch.'):<9} {old:>18.3f} {new:>14.3f} {new / old:>5.2f}x")
-
-
-def split_heads_of_three(projected: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
-    return split_heads(projected, 3, heads)
 
 
 if __name__ == "__main__":
