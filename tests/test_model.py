@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertrain.config import ModelConfig
 from bertrain.errors import ConfigError, DataError
@@ -13,6 +14,7 @@ from bertrain.batch_layout import IGNORE_INDEX, layout_of
 from bertrain.model import build_model, load_weights, save_weights
 from bertrain.model.forward_plan import plan_forward
 from bertrain.model.hf import export_hf, import_hf
+from bertrain.model.layers import split_heads
 from tests.helpers import assert_rounding_close
 
 transformers = pytest.importorskip("transformers")
@@ -366,7 +368,7 @@ def test_normalizers_make_split_batches_give_the_whole_batch_gradient(name):
         assert_rounding_close(parameter.grad, whole[parameter_name], **rounding(config, batch), name=parameter_name)
 
 
-class _BackwardOps(torch.utils._python_dispatch.TorchDispatchMode):
+class _BackwardOps(TorchDispatchMode):
     """The aten ops that run while active (here: in a backward)."""
 
     def __init__(self):
@@ -380,8 +382,6 @@ class _BackwardOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.parametrize("parts", [1, 2, 3])
 def test_split_heads_backward_is_autograds_gradient_in_one_copy(parts):
-    from bertrain.model.layers import split_heads
-
     B, T, heads, d = 3, 7, 4, 5
     g = torch.Generator().manual_seed(parts)
     upstream = [torch.randn(B, heads, T, d, generator=g) for _ in range(parts)]
