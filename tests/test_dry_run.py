@@ -145,6 +145,39 @@ def test_the_training_loops_ctrl_c_handler_keeps_an_ignored_sigint_ignored():
         signal.signal(signal.SIGINT, before)
 
 
+
+SWALLOWED_CTRL_C = """
+import signal, sys
+from bertrain.train import signals
+if sys.argv[1] == "cli":
+    signals.interrupt_at_startup()
+class Finalized:
+    def __del__(self):  # Python ignores an exception raised here, as in importlib's module-lock callback
+        signal.raise_signal(signal.SIGINT)
+        sum(range(1000))  # bytecode after the signal: its handler runs here, inside the finalizer
+Finalized()
+print("startup went on", flush=True)
+try:
+    with signals.ctrl_c_saves():
+        print("training", flush=True)
+except KeyboardInterrupt:
+    print("interrupted before the first step", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["cli", "in-process"])
+def test_a_startup_ctrl_c_that_python_swallowed_stops_the_cli_before_the_first_step(how):
+    """A KeyboardInterrupt raised inside a finalizer is printed and ignored; the CLI records Ctrl-C at startup, so
+    the loop's start raises it again. A caller in-process keeps Python's own handler (nothing recorded)."""
+    result = subprocess.run([sys.executable, "-c", SWALLOWED_CTRL_C, how], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert "Exception ignored" in result.stderr and "KeyboardInterrupt" in result.stderr  # Python swallowed it
+    assert "startup went on" in result.stdout
+    if how == "cli":
+        assert "interrupted before the first step" in result.stdout and "training" not in result.stdout
+    else:
+        assert "training" in result.stdout and "interrupted" not in result.stdout
+
 def _albert_base_model(data):
     from bertrain.config import load_config
     from bertrain.data.format import open_prepared

@@ -9,9 +9,10 @@ import sys
 def _install_early_signal_handlers() -> None:
     # A SIGTERM during `import torch` would kill the process before the loop installs its handler.
     if "pretrain" in sys.argv[1:3] or "evaluate" in sys.argv[1:3]:
-        from bertrain.train.signals import install_handlers
+        from bertrain.train.signals import install_handlers, interrupt_at_startup
 
         install_handlers()
+        interrupt_at_startup()
 
 
 def _command_modules() -> None:

@@ -22,7 +22,7 @@ from bertrain.model.classifier import SequenceClassifier, should_pack
 from bertrain.train.optim import build_optimizer, build_scheduler
 from bertrain.train.precision import choose_mixed_precision
 from bertrain.train.scores import score
-from bertrain.train.signals import received_signal_name, stop_requested
+from bertrain.train.signals import raise_if_interrupted, received_signal_name, stop_requested
 from bertrain.train.threads import ThreadPlan, ThreadTuner
 
 ADAM_EPS = 1e-8  # transformers Trainer's default (Google's BERT: 1e-6); changes nothing measurable here
@@ -95,6 +95,7 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
     model.train()
     tuner, probing = None, 0.0  # finetune.threads: auto (measuring is not training time)
     start, done, seen, epoch = time.perf_counter(), 0, 0, 0
+    raise_if_interrupted()  # a Ctrl-C that Python swallowed while evaluate started
     while done < steps:
         for indices in _batches_of_epoch(len(train), recipe.batch_size, seed, epoch):
             if done == steps:

@@ -19,6 +19,7 @@ _received: list[int] = []
 _first_time: list[float] = []
 _installed = False
 _at_once: list[str] = []  # non-empty: what is running (e.g. "pretrain --dry-run"), ended by the first signal
+_startup_ctrl_c: list[int] = []  # Ctrl-C before the loop, in the CLI's process (see interrupt_at_startup)
 
 
 def _say(text: str) -> None:
@@ -68,6 +69,25 @@ def install_handlers() -> None:
     _installed = True
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    _startup_ctrl_c.append(signum)
+    raise KeyboardInterrupt
+
+
+def interrupt_at_startup() -> None:
+    """For the CLI's process only: Ctrl-C before the training loop raises KeyboardInterrupt as usual and is also
+    recorded, because Python prints and ignores one raised inside a finalizer or weakref callback (a test run lost
+    a Ctrl-C in importlib's module-lock callback during startup imports); raise_if_interrupted() raises it again."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not an ignored SIGINT, not a dry run's
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if a startup Ctrl-C was recorded (and so swallowed, or the process would be gone)."""
+    if _startup_ctrl_c:
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def stop_at_once(what: str) -> Iterator[None]:
     """Within the block, the first SIGINT/SIGTERM/SIGUSR1 ends the process at once with 128 + signal number
@@ -93,6 +113,7 @@ def ctrl_c_saves() -> Iterator[None]:
     Outside, it raises KeyboardInterrupt as usual: before the first step there is nothing to save, and a caller
     in the same process (a notebook, tests) gets its Ctrl-C back afterwards. An ignored SIGINT (`nohup … &`) stays
     ignored."""
+    raise_if_interrupted()
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         yield
         return
