@@ -126,20 +126,41 @@ def _to_device(values, device: torch.device) -> torch.Tensor:
 
 
 @_jit
-def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
-                         one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
-    """Pass 1, one program per BLOCK elements: new moments (kept where found_inf is 0) and the block's sums of
-    w^2 and update^2."""
+def _block(chunk_tensor, chunk_start, numels, found_inf, BLOCK: tl.constexpr):
+    """This program's block: (program, its tensor, element offsets, which are inside the tensor, which to write:
+    none after a non-finite step)."""
     chunk = tl.program_id(0)
     tensor = tl.load(chunk_tensor + chunk)
     offsets = tl.load(chunk_start + chunk) + tl.arange(0, BLOCK)
     numel = tl.load(numels + tensor)
-    inside = offsets < numel
-    keep = offsets < tl.where(tl.load(found_inf) == 0, numel, 0)  # nothing changes after a non-finite step
+    return chunk, tensor, offsets, offsets < numel, offsets < tl.where(tl.load(found_inf) == 0, numel, 0)
+
+
+@_jit
+def _moment_and_param_addresses(addresses, tensor):
+    """The tensor's exp_avg, exp_avg_sq and param pointers from its row of the address table."""
+    return (tl.load(addresses + 4 * tensor + 1).to(tl.pointer_type(tl.float32)),
+            tl.load(addresses + 4 * tensor + 2).to(tl.pointer_type(tl.float32)),
+            tl.load(addresses + 4 * tensor + 3).to(tl.pointer_type(tl.float32)))
+
+
+@_jit
+def _update(m, v, w, corrections, tensor, eps, weight_decay):
+    """LAMB's update before the trust ratio, m̂ / (sqrt(v̂) + eps) + weight_decay * w: one definition for both
+    passes, so that pass 2 applies exactly the update whose norm pass 1 measured."""
+    step_size = tl.load(corrections + 2 * tensor)
+    inverse_bc2_sqrt = tl.load(corrections + 2 * tensor + 1)
+    return tl.div_rn(m * step_size, tl.sqrt_rn(v) * inverse_bc2_sqrt + eps) + weight_decay * w
+
+
+@_jit
+def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+                         one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
+    """Pass 1, one program per BLOCK elements: new moments (kept where found_inf is 0) and the block's sums of
+    w^2 and update^2."""
+    chunk, tensor, offsets, inside, keep = _block(chunk_tensor, chunk_start, numels, found_inf, BLOCK)
+    exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
     grad = tl.load(addresses + 4 * tensor).to(tl.pointer_type(tl.float32))
-    exp_avg = tl.load(addresses + 4 * tensor + 1).to(tl.pointer_type(tl.float32))
-    exp_avg_sq = tl.load(addresses + 4 * tensor + 2).to(tl.pointer_type(tl.float32))
-    param = tl.load(addresses + 4 * tensor + 3).to(tl.pointer_type(tl.float32))
     g = tl.load(grad + offsets, mask=inside, other=0.0)
     m = tl.load(exp_avg + offsets, mask=inside, other=0.0)
     v = tl.load(exp_avg_sq + offsets, mask=inside, other=0.0)
@@ -148,9 +169,7 @@ def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, correctio
     v = beta2 * v + one_minus_beta2 * g * g
     tl.store(exp_avg + offsets, m, mask=keep)
     tl.store(exp_avg_sq + offsets, v, mask=keep)
-    step_size = tl.load(corrections + 2 * tensor)
-    inverse_bc2_sqrt = tl.load(corrections + 2 * tensor + 1)
-    update = tl.div_rn(m * step_size, tl.sqrt_rn(v) * inverse_bc2_sqrt + eps) + weight_decay * w
+    update = _update(m, v, w, corrections, tensor, eps, weight_decay)
     tl.store(partials + 2 * chunk, tl.sum(w * w, axis=0))
     tl.store(partials + 2 * chunk + 1, tl.sum(update * update, axis=0))
 
@@ -181,17 +200,10 @@ def _trust_ratios(partials, first_chunk, chunk_count, scales, lr, BLOCK: tl.cons
 def _apply(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps, weight_decay,
            BLOCK: tl.constexpr):
     """Pass 2: the update again from the new moments, w -= scale * update (nothing where found_inf is 1)."""
-    chunk = tl.program_id(0)
-    tensor = tl.load(chunk_tensor + chunk)
-    offsets = tl.load(chunk_start + chunk) + tl.arange(0, BLOCK)
-    numel = tl.load(numels + tensor)
-    keep = offsets < tl.where(tl.load(found_inf) == 0, numel, 0)
-    exp_avg = tl.load(addresses + 4 * tensor + 1).to(tl.pointer_type(tl.float32))
-    exp_avg_sq = tl.load(addresses + 4 * tensor + 2).to(tl.pointer_type(tl.float32))
-    param = tl.load(addresses + 4 * tensor + 3).to(tl.pointer_type(tl.float32))
+    chunk, tensor, offsets, inside, keep = _block(chunk_tensor, chunk_start, numels, found_inf, BLOCK)
+    exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
     m = tl.load(exp_avg + offsets, mask=keep, other=0.0)
     v = tl.load(exp_avg_sq + offsets, mask=keep, other=0.0)
     w = tl.load(param + offsets, mask=keep, other=0.0)
-    update = tl.div_rn(m * tl.load(corrections + 2 * tensor), tl.sqrt_rn(v) * tl.load(corrections + 2 * tensor + 1)
-                       + eps) + weight_decay * w
+    update = _update(m, v, w, corrections, tensor, eps, weight_decay)
     tl.store(param + offsets, w - tl.load(scales + tensor) * update, mask=keep)
