@@ -44,6 +44,17 @@ def test_split_heads_benchmark_prints_both_dtypes():
         assert old > 0 and new > 0 and abs(ratio - new / old) <= 0.005 + ratio * rounding, row
 
 
+def test_residual_bytes_benchmark_counts_fewer_bytes_with_the_bf16_residual():
+    out = run("residual_bytes.py", "--config", "tiny_bert", "--batch", "2", "--seq", "16", "--rounds", "0")
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:5]] for line in out.splitlines()
+            if line.startswith(("float32 ", "bf16 "))}
+    (matmul32, attention32, other32, casts32), (matmul16, attention16, other16, casts16) = rows["float32"], rows["bf16"]
+    assert (matmul16, attention16) == (matmul32, attention32) and attention16 > 0  # the same GEMMs and attention
+    assert other16 < other32 and casts16 < casts32  # the float32 stream's LayerNorms, adds and input casts
+    ratio = float(out.split("float32 residual: ")[1].split("x")[0])
+    assert abs(ratio - other16 / other32) <= 0.005 + 0.05 / other32, out
+
+
 @pytest.mark.slow  # ~60 s on the shared 2-core CPU
 def test_optimizer_step_prints_lamb_against_fused_adamw():
     out = run("optimizer_step.py", "--config", "tiny_bert", "--rounds", "2", "--per-parameter")

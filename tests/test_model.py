@@ -14,7 +14,7 @@ from bertrain.batch_layout import IGNORE_INDEX, layout_of
 from bertrain.model import build_model, load_weights, save_weights
 from bertrain.model.forward_plan import plan_forward
 from bertrain.model.hf import export_hf, import_hf
-from bertrain.model.layers import split_heads
+from bertrain.model.layers import EncoderLayer, split_heads
 from tests.helpers import assert_rounding_close
 
 transformers = pytest.importorskip("transformers")
@@ -263,8 +263,9 @@ def test_save_and_load_weights_round_trip_and_refuse_another_shape(tmp_path):
 
 
 @pytest.mark.cross_path
-def test_bf16_autocast_runs_and_stays_close_to_fp32():
-    model = build_model(CONFIGS["bert"]).eval()
+@pytest.mark.parametrize("float32_residual", [False, True])
+def test_bf16_autocast_runs_and_stays_close_to_fp32(float32_residual):
+    model = build_model(dataclasses.replace(CONFIGS["bert"], float32_residual=float32_residual)).eval()
     batch = padded_batch(seed=12)
     with torch.no_grad():
         reference = model(**batch)
@@ -276,6 +277,48 @@ def test_bf16_autocast_runs_and_stays_close_to_fp32():
     for name in ("mlm_logits", "loss"):
         assert_rounding_close(getattr(low, name), getattr(reference, name), 1, CONFIGS["bert"].num_hidden_layers,
                               torch.bfloat16, name=name)
+
+
+@pytest.mark.parametrize("name", ["bert", "albert"])
+def test_bf16_autocast_keeps_the_residual_stream_in_bf16_and_casts_no_activation(name):
+    """Under autocast each layer takes and gives bf16 and casts only weights (and their gradients); with
+    model.float32_residual as plain autocast: float32 between layers and activation casts. Without autocast the
+    flag changes nothing."""
+    batch = padded_batch(seed=13, batch=3, length=22)  # 66 positions: no parameter has a dimension of 66 or 22
+    activation_casts, layer_outputs, losses = {}, {}, {}
+    for float32_residual in (False, True):
+        torch.manual_seed(0)
+        model = build_model(dataclasses.replace(CONFIGS[name], float32_residual=float32_residual, unpad="false"),
+                            prune_last_layer=False).train()
+        losses[float32_residual] = model(**batch).loss
+        dtypes = []
+        for layer in model.encoder.modules():
+            if isinstance(layer, EncoderLayer):
+                layer.register_forward_hook(lambda module, args, out: dtypes.append((args[0].dtype, out.dtype)))
+        casts = CastShapes()
+        with torch.autocast("cpu", dtype=torch.bfloat16), casts:
+            model(**batch).loss.backward()
+        layer_outputs[float32_residual] = set(dtypes)
+        activation_casts[float32_residual] = [s for s in casts.shapes if 66 in s or s[:2] == (3, 22)]
+    assert {dtype for pair in layer_outputs[False] for dtype in pair} == {torch.bfloat16}
+    assert {output for _, output in layer_outputs[True]} == {torch.float32}
+    # the embeddings' float32 sum is cast once to bf16 at its LayerNorm's output (and its gradient back)
+    assert sorted(activation_casts[False]) == [(3, 22, CONFIGS[name].embedding_size or 32)] * 2
+    assert len(activation_casts[True]) > 2 * CONFIGS[name].num_hidden_layers
+    assert torch.equal(losses[False], losses[True])
+
+
+class CastShapes(TorchDispatchMode):
+    """The shapes of the floating-point tensors cast (aten._to_copy) inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].is_floating_point():
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.cross_path

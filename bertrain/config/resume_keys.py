@@ -23,7 +23,7 @@ FORCE_KEYS = (
     "optim.warmup_steps", "optim.warmup_fraction",
     # numerics and randomness: the run stays valid but is no longer the run it would have been
     "train.mixed_precision", "train.tf32", "train.deterministic", "train.seed",
-    "model.hidden_dropout_prob", "model.attention_probs_dropout_prob")
+    "model.hidden_dropout_prob", "model.attention_probs_dropout_prob", "model.float32_residual")
 # Never, not even with --force: the weights (or the optimizer state) would not fit.
 NEVER_KEYS = ("optim.name", "model.type", "model.vocab_size", "model.hidden_size", "model.num_hidden_layers",
               "model.num_attention_heads", "model.intermediate_size", "model.max_position_embeddings",

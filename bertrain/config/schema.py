@@ -101,6 +101,12 @@ class ModelConfig:
     num_hidden_groups: int = opt(1, "ALBERT: number of groups of shared layer parameters.")
     inner_group_num: int = opt(1, "ALBERT: layers inside each shared group.")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    float32_residual: bool = opt(
+        False, "Under bf16/fp16 mixed precision, keep LayerNorm outputs (the residual stream between sublayers) in "
+        "float32, as CUDA's autocast does for transformers. false: in the half type, as Megatron-LM (LayerNorm "
+        "statistics still in float32): a bert-large layer's forward + backward moves 24% fewer bytes outside its "
+        "matrix multiplies and attention (benchmarks/residual_bytes.py) and keeps smaller activations. No effect "
+        "without mixed precision.")
     unpad: Literal["auto", "true", "false"] = opt(
         "auto", "Compute on real tokens only in training and evaluation (a micro-batch's sequences packed, "
         "attention kept inside each sequence; same losses as padded within float rounding). `auto`: where that "

@@ -49,11 +49,12 @@ class PreTrainingModel(nn.Module):
         self.prune_last_layer, self.sparse_embedding_grad = prune_last_layer, sparse_embedding_grad
         self.gradient_checkpointing = config.gradient_checkpointing
         H, E = config.hidden_size, embedding_size(config)
+        float32_residual = getattr(config, "float32_residual", False)
         self.embeddings = Embeddings(config.vocab_size, E, config.max_position_embeddings, config.type_vocab_size,
-                                     config.layer_norm_eps, config.hidden_dropout_prob)
+                                     config.layer_norm_eps, config.hidden_dropout_prob, float32_residual)
         self.encoder = encoder_class(config)
         self.pooler = nn.Linear(H, H)
-        self.mlm_head = MLMHead(H, E, config.vocab_size, config.hidden_act, config.layer_norm_eps)
+        self.mlm_head = MLMHead(H, E, config.vocab_size, config.hidden_act, config.layer_norm_eps, float32_residual)
         self.sentence_head = nn.Linear(H, 2)
         init_weights(self, config.initializer_range)
 

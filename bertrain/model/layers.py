@@ -30,16 +30,37 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p, training) if training and p > 0 else x
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose output under autocast is in autocast's half type (statistics still in float32), as
+    Megatron-LM's: the residual stream then moves half the bytes and no linear casts its input. float32_residual:
+    float32 output, as CUDA's autocast (and transformers) gives. Without autocast: nn.LayerNorm exactly."""
+
+    def __init__(self, size: int, eps: float, float32_residual: bool = False):
+        super().__init__(size, eps=eps)
+        self.float32_residual = float32_residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if not torch.is_autocast_enabled(device):
+            return super().forward(x)
+        half = torch.get_autocast_dtype(device)
+        with torch.autocast(device, enabled=False):  # autocast's own choice differs by device (CPU: the input's)
+            if self.float32_residual or x.dtype != half:  # (the embeddings' float32 sum: normalized, then cast)
+                y = F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps)
+                return y if self.float32_residual else y.to(half)
+            return F.layer_norm(x, self.normalized_shape, self.weight.to(half), self.bias.to(half), self.eps)
+
+
 class Embeddings(nn.Module):
     """Word + learned absolute position + token type embeddings, then LayerNorm and dropout."""
 
     def __init__(self, vocab_size: int, size: int, max_positions: int, type_vocab_size: int,
-                 layer_norm_eps: float, dropout_prob: float):
+                 layer_norm_eps: float, dropout_prob: float, float32_residual: bool = False):
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab_size, size)
         self.position_embeddings = nn.Embedding(max_positions, size)
         self.token_type_embeddings = nn.Embedding(type_vocab_size, size)
-        self.layer_norm = nn.LayerNorm(size, eps=layer_norm_eps)
+        self.layer_norm = LayerNorm(size, layer_norm_eps, float32_residual)
         self.dropout_prob = dropout_prob
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, sparse_grad: bool = False,
@@ -199,9 +220,10 @@ class EncoderLayer(nn.Module):
         super().__init__()
         H = config.hidden_size
         self.attention = SelfAttention(H, config.num_attention_heads, config.attention_probs_dropout_prob)
-        self.attention_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        float32_residual = getattr(config, "float32_residual", False)
+        self.attention_norm = LayerNorm(H, config.layer_norm_eps, float32_residual)
         self.feed_forward = FeedForward(H, config.intermediate_size, config.hidden_act)
-        self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.output_norm = LayerNorm(H, config.layer_norm_eps, float32_residual)
         self.dropout_prob = config.hidden_dropout_prob
 
     def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None = None
@@ -248,11 +270,12 @@ class MLMHead(nn.Module):
     """dense H→E, activation, LayerNorm, then the decoder tied to the word embeddings (passed in, so the tie cannot
     break: one tensor, one gradient) plus its own bias."""
 
-    def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, act: str, layer_norm_eps: float):
+    def __init__(self, hidden_size: int, embedding_size: int, vocab_size: int, act: str, layer_norm_eps: float,
+                 float32_residual: bool = False):
         super().__init__()
         self.dense = nn.Linear(hidden_size, embedding_size)
         self.act = activation(act)
-        self.layer_norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
+        self.layer_norm = LayerNorm(embedding_size, layer_norm_eps, float32_residual)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
