@@ -5,10 +5,13 @@ peak GPU memory, and a GEMM after the run for useful MFU. Throughput comes from 
 over the last --last steps (each window ends with the loop's log-time device read, so it is device time;
 the first window, holding the start-up, never counts). With --time-limit the run stops itself (SIGTERM:
 the loop finishes the step, logs, saves, exits 75) once that many seconds have passed since this process
-started and at least --min-steps steps ran, and the figures cover what it did. Used by gpu_suite.sh;
-everything after `--` goes to `bertrain pretrain`.
+started and at least --min-steps steps ran, and the figures cover what it did. --profile START:COUNT runs
+torch.profiler over COUNT whole loop steps after START (data, forward, backward, clipping, optimizer: the ops' self
+device time, grouped as gpu_profile.py groups the bare step's), best before the measured steps. Used by
+gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
+    python benchmarks/gpu_pretrain.py --last 200 --profile 40:3 -- --config bert_large --data D --run-dir R
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from pathlib import Path
 STARTED = time.perf_counter()  # before `import torch`: the time limit counts the whole process
 
 import torch  # noqa: E402
-from model_step import gemm_fn, time_alternating, useful_flops  # noqa: E402
+from gpu_profile import device_profiler, grouped, self_times  # noqa: E402
+from model_step import gemm_fn, synchronize, time_alternating, useful_flops  # noqa: E402
 
 EXIT_REQUEUE = 75  # bertrain's exit after a signal: the step finished, a checkpoint written
 
@@ -36,9 +40,11 @@ class Probe:
     """Per optimizer step: host seconds in TrainStream.next, start time, the step's host counts and the
     positions its forwards computed; stops the run at the time limit."""
 
-    def __init__(self, time_limit: float | None, min_steps: int) -> None:
+    def __init__(self, time_limit: float | None, min_steps: int, profile: tuple[int, int] | None = None,
+                 device: torch.device | None = None) -> None:
         self.waiting, self.started, self.steps, self.forwards = 0.0, None, [], []
         self.time_limit, self.min_steps, self.stopped = time_limit, min_steps, False
+        self.profile, self.device, self.profiler = profile, device, None  # (start, count): steps profiled
 
     def install(self, count_forwards: bool) -> list[str]:
         """Wrap TrainStream.next, the loop's train_step and (unless compiling) the model's plan_forward;
@@ -63,6 +69,7 @@ class Probe:
 
         def counted_step(model, accelerator, batches, *args, **kwargs):
             self.stop_if_due()  # before the step: train_step reads the stop flag, so this step is the last
+            self.profile_if_due()
             step = dict(start=self.started or time.perf_counter(), data_s=self.waiting,
                         width=max(int(b["input_ids"].shape[1]) for b in batches))
             self.waiting, self.started, self.forwards = 0.0, None, []
@@ -85,6 +92,31 @@ class Probe:
 
             bert.plan_forward = counted_plan
         return []
+
+    def profile_if_due(self) -> None:
+        """Start the profiler before step `start`'s forward, stop it (the device's work done) `count` steps later:
+        what lies between is whole loop steps."""
+        if self.profile is None:
+            return
+        start, count = self.profile
+        if len(self.steps) == start:
+            self.profiler = device_profiler(self.device)
+            self.profiler.start()
+        elif len(self.steps) == start + count and self.profiler is not None:
+            synchronize(self.device)
+            self.profiler.stop()
+
+    def profiled(self, measured_steps: int) -> dict | None:
+        """The profiled steps' ops (ms per step), grouped; whether they fall in the measured steps."""
+        if self.profiler is None or len(self.steps) < sum(self.profile):
+            return None  # the run ended before the profiler stopped
+        start, count = self.profile
+        ops = {name: microseconds / 1e3 for name, microseconds in self_times(self.profiler, self.device,
+                                                                              count).items()}
+        return dict(steps=[start + 1, start + count], total_ms=sum(ops.values()), groups_ms=grouped(ops),
+                    ops_ms=ops,
+                    tokens=statistics.mean(s["tokens"] for s in self.steps[start:start + count]),
+                    in_measured_steps=start + count > len(self.steps) - measured_steps)
 
     def stop_if_due(self) -> None:
         """SIGTERM to this process (bertrain's stop request) once the time limit has passed."""
@@ -148,6 +180,9 @@ def summarize(probe: Probe, run_dir: Path, last: int, device: torch.device) -> d
                useful_mfu=flops / seconds / peak)
     if all(s["computed"] for s in measured):  # padding the encoder computed: none where it ran packed
         out["computed_padding_share"] = 1 - sum(s["tokens"] for s in measured) / sum(s["computed"] for s in measured)
+    profile = probe.profiled(steps)
+    if profile:
+        out["profile"] = profile
     return out
 
 
@@ -159,6 +194,8 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=0, help="Steps run before --time-limit may stop it.")
     parser.add_argument("--results", default=None, help="Append the figures as a JSON line to this file.")
     parser.add_argument("--label", default="", help="Name of this run in the results.")
+    parser.add_argument("--profile", default=None, metavar="START:COUNT",
+                        help="Profile COUNT loop steps after the first START (steps before the measured ones).")
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend for train.compile=true (e.g. eager for a quick CPU run).")
     args, pretrain_args = parser.parse_known_args()
@@ -170,13 +207,14 @@ def main() -> None:
     from bertrain.cli import main as cli
     from bertrain.train.precision import local_device_type
 
-    probe = Probe(args.time_limit, args.min_steps)
+    profile = tuple(int(n) for n in args.profile.split(":")) if args.profile else None
+    probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()))
     result: dict = {"label": args.label, "not_wrapped": probe.install(count_forwards=not compiling)}
     started = time.perf_counter()
     result["exit_code"] = cli(["pretrain", *pretrain_args])
     result["wall_s"] = time.perf_counter() - started
     result["time_limited"] = probe.stopped
-    device = torch.device(local_device_type())
+    device = probe.device
     if device.type == "cuda":
         result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         result["peak_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30

@@ -45,16 +45,34 @@ def profile_step(shape: str, seq: int, batch_size: int, steps: int, device: torc
     for _ in range(3):
         step()
     synchronize(device)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as profiler:
+    with device_profiler(device) as profiler:
         for _ in range(steps):
             step()
         synchronize(device)
+    return self_times(profiler, device, steps)
+
+
+def device_profiler(device: torch.device) -> torch.profiler.profile:
+    """A profiler of the host's ops and, on a GPU, their kernels."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
+def self_times(profiler: torch.profiler.profile, device: torch.device, steps: int) -> dict:
+    """Each aten op's self time per step in microseconds: device time on a GPU, host time on a CPU."""
     attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return {event.key: getattr(event, attribute) / steps for event in profiler.key_averages()
             if event.key.startswith("aten::") and getattr(event, attribute) > 0}
+
+
+def grouped(ops: dict) -> dict:
+    """The ops' times added up by group_of."""
+    groups: dict[str, float] = {}
+    for name, time in ops.items():
+        groups[group_of(name)] = groups.get(group_of(name), 0.0) + time
+    return groups
 
 
 def main() -> None:
@@ -71,11 +89,7 @@ def main() -> None:
     batch_size = args.batch or SHAPES[args.shape][2][args.seq]
     dtype = torch.bfloat16 if device.type == "cuda" else None
     ops = profile_step(args.shape, args.seq, batch_size, args.steps, device, dtype)
-    total = sum(ops.values())
-    groups: dict[str, float] = {}
-    for name, microseconds in ops.items():
-        group = group_of(name)
-        groups[group] = groups.get(group, 0.0) + microseconds
+    total, groups = sum(ops.values()), grouped(ops)
     print(f"{args.shape} seq {args.seq} batch {batch_size} on {device} ({'bf16' if dtype else 'fp32'}): "
           f"{total / 1e3:.2f} ms of op self time per step")
     print(f"| group | ms per step | share |\n|---|---|---|")

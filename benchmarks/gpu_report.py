@@ -230,7 +230,46 @@ def part7(state, commands, results) -> list[str]:
              ""] + table(["group", "ms per step", "share"], [[g, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
                                                              for g, ms in groups])
             + [""] + table(["op", "ms per step", "share"], [[f"`{name}`", fmt(ms, ".2f"),
-                                                              fmt(100 * ms / total, ".1f", "%")] for name, ms in ops]))
+                                                              fmt(100 * ms / total, ".1f", "%")] for name, ms in ops])
+            + loop_against_bare(results, r))
+
+
+def loop_against_bare(results, bare: dict) -> list[str]:
+    """Part 2's profiled loop steps (gpu_pretrain.py --profile) against the bare step above, per real token."""
+    run = next((r for r in results.get("2", []) if r.get("profile")), None)
+    if run is None:
+        return []
+    loop, bare_tokens = run["profile"], bare["batch"] * bare["seq"]
+
+    def rows(loop_ms: dict, bare_ms: dict, names) -> list[list[str]]:
+        out = []
+        for name in names:
+            ours, theirs = loop_ms.get(name, 0.0), bare_ms.get(name, 0.0)
+            per_loop, per_bare = 1e6 * ours / loop["tokens"], 1e6 * theirs / bare_tokens
+            out.append([name, fmt(ours, ".2f"), fmt(theirs, ".2f"), fmt(per_loop, ".1f"), fmt(per_bare, ".1f"),
+                        fmt(per_loop - per_bare, "+.1f")])
+        return out
+
+    def gap(loop_ms: dict, bare_ms: dict, name: str) -> float:
+        return 1e6 * loop_ms.get(name, 0.0) / loop["tokens"] - 1e6 * bare_ms.get(name, 0.0) / bare_tokens
+
+    groups = sorted(set(loop["groups_ms"]) | set(bare["groups_ms"]),
+                    key=lambda g: -abs(gap(loop["groups_ms"], bare["groups_ms"], g)))
+    ops = sorted(set(loop["ops_ms"]) | set(bare["ops_ms"]), key=lambda o: -abs(gap(loop["ops_ms"], bare["ops_ms"], o)))
+    header = ["", "loop ms per step", "bare ms per step", "loop ms per 1M tokens", "bare ms per 1M tokens",
+              "difference per 1M tokens"]
+    inside = (" They fell inside its measured steps, whose figures in part 2 therefore hold the profiler's cost."
+              if loop["in_measured_steps"] else "")
+    return (["", f"**The loop's step against the bare step.** `bertrain pretrain`'s {run['label']} run (part 2) "
+             f"profiled whole loop steps {loop['steps'][0]}-{loop['steps'][1]} (batch transfer, forward, backward, "
+             f"clipping, optimizer; `gpu_pretrain.py --profile`), {loop['tokens']:,.0f} real tokens a step, against "
+             f"the bare step above ({bare_tokens:,} tokens a step, no padding), per million real tokens; a positive "
+             f"difference is time the loop spends beyond the bare step.{inside}", ""]
+            + table(header, rows(loop["groups_ms"], bare["groups_ms"], groups)
+                    + [["all ops"] + rows({"all": loop["total_ms"]}, {"all": bare["total_ms"]}, ["all"])[0][1:]])
+            + ["", "The ops that differ most:", ""]
+            + table(["op"] + header[1:], [[f"`{row[0]}`"] + row[1:] for row in rows(loop["ops_ms"], bare["ops_ms"],
+                                                                                      ops[:10])]))
 
 
 def targets(state, commands, results) -> list[str]:

@@ -145,12 +145,16 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                      first_step_s=2.0, compiled_graphs=1, time_limited=False) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
+    # bert_large-128's profiled loop steps: 6 ms of GEMMs more than the bare step per 1M tokens, 2 ms of clipping
+    pretrain[1]["profile"] = dict(steps=[41, 43], tokens=12_800.0, total_ms=80.0, in_measured_steps=False,
+                                  groups_ms={"GEMM": 32.0, "other": 48.0},
+                                  ops_ms={"aten::mm": 32.0, "aten::_foreach_norm": 1.28 * 2, "aten::add": 45.44})
     return {"1": step, "2": pretrain[:4], "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17)],
             "5": pretrain[4:], "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
                                           if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
-            "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=90.0,
-                                          groups_ms={"GEMM": 40.0, "other": 50.0}, ops_ms={"aten::mm": 40.0})]}
+            "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=81.92,
+                       groups_ms={"GEMM": 32.768, "other": 49.152}, ops_ms={"aten::mm": 32.768, "aten::add": 49.152})]}
 
 
 def test_the_report_renders_every_gpu_section(tmp_path):
@@ -177,6 +181,13 @@ def test_the_report_renders_every_gpu_section(tmp_path):
         "bert-large seq 128 (train.compile, part 5): useful MFU >= 50%",
         "bert-large seq 128 (train.compile, part 5): >= 1.5x transformers"]
     assert set(verdicts) == {"met", "**NOT met**", "not measured"}
+    # per 1M real tokens: GEMM 32 / 12,800 tokens = 2,500.0 ms against 32.768 / 16,384 = 2,000.0 ms; the loop's
+    # clipping (2.56 ms) has no bare counterpart: +200.0; all ops: 6,250.0 against 5,000.0
+    loop = {row[0]: row[1:] for row in table_rows(report, "**The loop's step against the bare step.**")}
+    assert loop["GEMM"] == ["32.00", "32.77", "2500.0", "2000.0", "+500.0"]
+    assert loop["all ops"] == ["80.00", "81.92", "6250.0", "5000.0", "+1250.0"]
+    assert loop["`aten::_foreach_norm`"] == ["2.56", "0.00", "200.0", "0.0", "+200.0"]
+    assert "steps 41-43" in report and "12,800 real tokens a step" in report
 
 
 def test_the_packed_attention_benchmark_runs_every_variant_on_a_cpu():
@@ -242,3 +253,9 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
     assert abs(sum(profile["groups_ms"].values()) - profile["total_ms"]) < 1e-6 * profile["total_ms"]
     assert profile["groups_ms"]["GEMM"] > 0 and len(table_rows(report, "## 7.")) > 3
+    loop = figures["2"][1]["profile"]  # bert_large-128's loop steps 3-4, before its measured steps 6-15
+    assert loop["steps"] == [3, 4] and not loop["in_measured_steps"] and loop["tokens"] > 0
+    assert abs(sum(loop["groups_ms"].values()) - loop["total_ms"]) < 1e-6 * loop["total_ms"]
+    assert {"GEMM", "optimizer"} <= set(loop["groups_ms"]) and "aten::_fused_adamw_" in loop["ops_ms"]
+    compared = {row[0]: row[1:] for row in table_rows(report, "**The loop's step against the bare step.**")}
+    assert "all ops" in compared and float(compared["GEMM"][0]) > 0 < float(compared["GEMM"][1])
