@@ -240,6 +240,7 @@ def loop_against_bare(results, bare: dict) -> list[str]:
     if run is None:
         return []
     loop, bare_tokens = run["profile"], bare["batch"] * bare["seq"]
+    bare_step_ms = 1e3 * step_rows(results).get((bare["shape"], bare["seq"]), {}).get("ours", 0.0)
 
     def rows(loop_ms: dict, bare_ms: dict, names) -> list[list[str]]:
         out = []
@@ -264,9 +265,15 @@ def loop_against_bare(results, bare: dict) -> list[str]:
              f"profiled whole loop steps {loop['steps'][0]}-{loop['steps'][1]} (batch transfer, forward, backward, "
              f"clipping, optimizer; `gpu_pretrain.py --profile`), {loop['tokens']:,.0f} real tokens a step, against "
              f"the bare step above ({bare_tokens:,} tokens a step, no padding), per million real tokens; a positive "
-             f"difference is time the loop spends beyond the bare step.{inside}", ""]
+             f"difference is time the loop spends beyond the bare step. step (measured): part 2's step time over "
+             f"its measured steps and part 1's bare step (no profiler); device idle: that step less its ops' device "
+             f"time, the time the device waited (for the host, a sync or the data).{inside}", ""]
             + table(header, rows(loop["groups_ms"], bare["groups_ms"], groups)
-                    + [["all ops"] + rows({"all": loop["total_ms"]}, {"all": bare["total_ms"]}, ["all"])[0][1:]])
+                    + rows({"all ops": loop["total_ms"], "step (measured)": run.get("step_ms", 0.0),
+                            "device idle (step - ops)": run.get("step_ms", 0.0) - loop["total_ms"]},
+                           {"all ops": bare["total_ms"], "step (measured)": bare_step_ms,
+                            "device idle (step - ops)": bare_step_ms - bare["total_ms"]},
+                           ["all ops", "step (measured)", "device idle (step - ops)"]))
             + ["", "The ops that differ most:", ""]
             + table(["op"] + header[1:], [[f"`{row[0]}`"] + row[1:] for row in rows(loop["ops_ms"], bare["ops_ms"],
                                                                                       ops[:10])]))
