@@ -88,25 +88,37 @@ def part1(state, commands, results) -> list[str]:
                         "transformers MFU", "GEMM peak TF/s"], body)
 
 
+def useful_flops_per_s(r: dict) -> float:
+    """A pretrain run's useful FLOP/s: its useful MFU times the GEMM peak it was measured against."""
+    return r["useful_mfu"] * r["peak_flops"]
+
+
+def bare_flops_at(bare: dict, computed_padding_share: float) -> float:
+    """Part 1's bare step's useful FLOP/s had it computed that share of padding."""
+    return bare["flops"] / bare["ours"] * (1 - computed_padding_share)
+
+
 def vs_bare(r: dict | None, bare: dict | None) -> float | None:
-    """A pretrain run's useful MFU / part 1's at the padding the run's encoder computed (see part 2's header)."""
+    """A pretrain run's useful FLOP/s / part 1's at the padding the run's encoder computed (see part 2's header):
+    FLOP/s, not MFU, as the two MFUs divide by GEMM peaks measured at different times."""
     if not r or not bare or "useful_mfu" not in r or "computed_padding_share" not in r:
         return None
-    return r["useful_mfu"] / (bare["mfu"] * (1 - r["computed_padding_share"]))
+    return useful_flops_per_s(r) / bare_flops_at(bare, r["computed_padding_share"])
 
 
 def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
     if r is None or "useful_mfu" not in r:
         status = "no figure: see the log" if r is None else f"exit {r.get('exit_code')}, figures incomplete (log)"
-        return [run["label"], run["seq"], run["batch"], status] + [""] * 9
+        return [run["label"], run["seq"], run["batch"], status] + [""] * 10
     memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))
     computed = r.get("computed_padding_share")
-    bare_at = bare and computed is not None and bare["mfu"] * (1 - computed)
+    bare_at = bare and computed is not None and bare_flops_at(bare, computed)
     steps = f"last {r['measured_steps']} of {r['steps_run']}" + (" (time limit)" if r.get("time_limited") else "")
     return [run["label"], run["seq"], run["batch"], steps, fmt(r["tokens_per_s"], ",.0f"),
             fmt(r["samples_per_s"], ".1f"), fmt(100 * r["useful_mfu"], ".1f", "%"),
+            fmt(useful_flops_per_s(r) / 1e12, ".1f"),
             f"{fmt(100 * r['padding_share'], '.1f', '%')} / {fmt(computed and 100 * computed, '.1f', '%')}",
-            fmt(bare_at and 100 * bare_at, ".1f", "%"), fmt(vs_bare(r, bare), ".2f"),
+            fmt(bare_at and bare_at / 1e12, ".1f"), fmt(vs_bare(r, bare), ".2f"),
             fmt(100 * r["data_wait_share"], ".1f", "%"), fmt(memory, ".1f", " GiB"), fmt(r["wall_s"], ".0f")]
 
 
@@ -119,17 +131,20 @@ def part2(state, commands, results) -> list[str]:
            "last steps (metrics.jsonl's windows, each ending in the loop's log-time device read; a run that reached "
            "its time limit stopped itself and covers what it did). real tokens/s: non-pad tokens. useful MFU: the "
            "real tokens' FLOPs (model_step.useful_flops) against a GEMM timed after the run.", "",
-           "**vs bare** compares like with like: the run's useful MFU / (part 1's useful MFU at the same shape and "
+           "**vs bare** compares like with like: the run's useful TFLOP/s / (part 1's at the same shape and "
            "batch x (1 - the padding share the encoder computed)). Part 1's batches have no padding; on this run's "
            "batches the bare step would compute the same padding (the padded encoder runs every position of "
            "[B, T]; the packed one, model.unpad true or auto choosing it, only the real tokens: 0% computed), so "
-           "its useful MFU would shrink by that share. 1.00 = the loop, its data and its packing cost nothing over "
-           "the bare step; the target is >= 0.90. padding: share of the batches' positions / share of the "
+           "its useful FLOP/s would shrink by that share. 1.00 = the loop, its data and its packing cost nothing "
+           "over the bare step; the target is >= 0.90. FLOP/s rather than MFU: the run's MFU divides by a GEMM "
+           "timed after the run, part 1's by one timed between its steps (an idle GPU's clocks run higher: 11-13% "
+           "on the H200). padding: share of the batches' positions / share of the "
            "positions the encoder computed. data wait: host time in TrainStream.next / wall time (an upper bound: "
            "the host runs ahead of the device). peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).",
            ""]
-    out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "padding: batches / "
-                  "computed", "bare MFU at that padding", "vs bare", "data wait", "peak memory", "wall s"],
+    out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
+                  "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "data wait",
+                  "peak memory", "wall s"],
                  [pretrain_row(run, by_label.get(run["label"]), bare.get(tuple(run["bare"]))) for run in runs])
     padded, unpadded = by_label.get("bert_base-512-unpad-false"), by_label.get("bert_base-512-unpad-true")
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
