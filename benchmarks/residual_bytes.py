@@ -2,8 +2,9 @@
 default) against float32 (model.float32_residual: true, as transformers): every aten op's tensors read and written,
 counted once each (views excluded), split into matrix multiplies + attention and everything else. A device-neutral
 model of the memory traffic that the GPU's element-wise kernels spend their time on (bert-large's H200 profile: 40%
-of the step outside GEMMs and attention). On a CPU with native bf16 it also times the layer's step (medians of
-alternated rounds). Not part of the suite (a tiny shape runs in the tests).
+of the step outside GEMMs and attention); also the bytes the forward keeps for the backward. On a CPU with native
+bf16 it also times the layer's step (medians of alternated rounds). Not part of the suite (a tiny shape runs in the
+tests).
 
     python benchmarks/residual_bytes.py                         # bert-large's layer at 32 x 128
     python benchmarks/residual_bytes.py --config tiny_bert --batch 2 --seq 16 --rounds 0
@@ -49,11 +50,19 @@ def kind(op: str) -> str:
     return "attention" if op.startswith("_scaled_dot_product") else "other"
 
 
-def layer_step(layer: EncoderLayer, x: torch.Tensor, upstream: torch.Tensor):
-    """One forward + backward of the layer under bf16 autocast."""
+def layer_step(layer: EncoderLayer, x: torch.Tensor, upstream: torch.Tensor, saved: dict | None = None):
+    """One forward + backward of the layer under bf16 autocast; `saved` gets the storages its forward keeps for the
+    backward (data pointer -> bytes; parameters and the input left out)."""
+    skip = {t.untyped_storage().data_ptr() for t in (x, *layer.parameters())}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        if saved is not None and tensor.untyped_storage().data_ptr() not in skip:
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
     def step():
         layer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             y = layer(x, None)
         y.backward(upstream)
     return step
@@ -71,29 +80,31 @@ def main() -> None:
     config = load_config(args.config, ["model.vocab_size=1000", "model.attention_probs_dropout_prob=0"]).model
     B, T, H = args.batch, args.seq, config.hidden_size
     torch.manual_seed(0)
-    steps, counts = {}, {}
+    steps, counts, saved = {}, {}, {}
     weights = EncoderLayer(config).state_dict()
     for name, float32_residual, dtype in (("float32 residual", True, torch.float32), ("bf16 residual", False,
                                                                                       torch.bfloat16)):
         layer = EncoderLayer(dataclasses.replace(config, float32_residual=float32_residual)).train()
         layer.load_state_dict(weights)
         x = torch.randn(B, T, H, generator=torch.Generator().manual_seed(1)).to(dtype)  # as the layer before gives
-        steps[name] = layer_step(layer, x, torch.randn(B, T, H, generator=torch.Generator().manual_seed(2)).to(dtype))
-        counts[name] = ByteCount()
+        upstream = torch.randn(B, T, H, generator=torch.Generator().manual_seed(2)).to(dtype)
+        steps[name], counts[name], saved[name] = layer_step(layer, x, upstream), ByteCount(), {}
         with counts[name]:
-            steps[name]()
+            layer_step(layer, x, upstream, saved[name])()
     timed = args.rounds > 0 and cpu_has_native_bf16()
     ms = {k: 1e3 * v for k, v in time_alternating(steps, args.rounds, 1).items()} if timed else {}
     print(f"one {args.config} layer (H {H}, I {config.intermediate_size}), forward + backward, bf16 autocast, "
           f"[{B}, {T}]; MB read + written by aten ops")
-    print(f"{'residual':<17} {'matmul MB':>10} {'attention MB':>12} {'other MB':>9} {'casts MB':>9} {'ms (CPU)':>9}")
+    print(f"{'residual':<17} {'matmul MB':>10} {'attention MB':>12} {'other MB':>9} {'casts MB':>9} {'ms (CPU)':>9} "
+          f"{'saved for backward MB':>21}")
     for name, count in counts.items():
         by_kind = collections.Counter()
         for op, n in count.bytes.items():
             by_kind[kind(op)] += n
         time = f"{ms[name]:.2f}" if ms else "-"
         print(f"{name.split()[0]:<17} {by_kind['matmul'] / 1e6:>10.1f} {by_kind['attention'] / 1e6:>12.1f} "
-              f"{by_kind['other'] / 1e6:>9.1f} {count.bytes['_to_copy'] / 1e6:>9.1f} {time:>9}")
+              f"{by_kind['other'] / 1e6:>9.1f} {count.bytes['_to_copy'] / 1e6:>9.1f} {time:>9} "
+              f"{sum(saved[name].values()) / 1e6:>21.1f}")
     other = [sum(n for op, n in count.bytes.items() if kind(op) == "other") for count in counts.values()]
     print(f"bytes outside matmuls and attention, bf16 / float32 residual: {other[1] / other[0]:.2f}x"
           + (f"; the layer step's CPU time: {ms['bf16 residual'] / ms['float32 residual']:.2f}x" if ms else

@@ -46,11 +46,13 @@ def test_split_heads_benchmark_prints_both_dtypes():
 
 def test_residual_bytes_benchmark_counts_fewer_bytes_with_the_bf16_residual():
     out = run("residual_bytes.py", "--config", "tiny_bert", "--batch", "2", "--seq", "16", "--rounds", "0")
-    rows = {line.split()[0]: [float(x) for x in line.split()[1:5]] for line in out.splitlines()
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:5] + line.split()[6:7]] for line in out.splitlines()
             if line.startswith(("float32 ", "bf16 "))}
-    (matmul32, attention32, other32, casts32), (matmul16, attention16, other16, casts16) = rows["float32"], rows["bf16"]
+    (matmul32, attention32, other32, casts32, saved32), (matmul16, attention16, other16, casts16, saved16) = (
+        rows["float32"], rows["bf16"])
     assert (matmul16, attention16) == (matmul32, attention32) and attention16 > 0  # the same GEMMs and attention
     assert other16 < other32 and casts16 < casts32  # the float32 stream's LayerNorms, adds and input casts
+    assert 0 < saved16 < saved32  # e.g. the LayerNorms' inputs, kept in bf16
     ratio = float(out.split("float32 residual: ")[1].split("x")[0])
     assert abs(ratio - other16 / other32) <= 0.005 + 0.05 / other32, out
 

@@ -31,9 +31,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm whose output under autocast is in autocast's half type (statistics still in float32), as
-    Megatron-LM's: the residual stream then moves half the bytes and no linear casts its input. float32_residual:
-    float32 output, as CUDA's autocast (and transformers) gives. Without autocast: nn.LayerNorm exactly."""
+    """nn.LayerNorm whose output under autocast is in autocast's half type, its statistics still in float32 (as
+    Megatron-LM's): the residual stream between sublayers then moves half the bytes and no linear casts its input.
+    float32_residual: float32 output, as CUDA's autocast (so transformers) gives. Without autocast: nn.LayerNorm."""
 
     def __init__(self, size: int, eps: float, float32_residual: bool = False):
         super().__init__(size, eps=eps)
@@ -44,8 +44,8 @@ class LayerNorm(nn.LayerNorm):
         if not torch.is_autocast_enabled(device):
             return super().forward(x)
         half = torch.get_autocast_dtype(device)
-        with torch.autocast(device, enabled=False):  # autocast's own choice differs by device (CPU: the input's)
-            if self.float32_residual or x.dtype != half:  # (the embeddings' float32 sum: normalized, then cast)
+        with torch.autocast(device, enabled=False):  # autocast's own choice differs by device (CPU keeps the input's)
+            if self.float32_residual or x.dtype != half:  # a float32 input (the embeddings' sum) is normalized as is
                 y = F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps)
                 return y if self.float32_residual else y.to(half)
             return F.layer_norm(x, self.normalized_shape, self.weight.to(half), self.bias.to(half), self.eps)

@@ -34,7 +34,7 @@ from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
 from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
-from bertrain.train.step import NonFiniteWatch, StepResult, optimizer_step, train_step
+from bertrain.train.step import NonFiniteWatch, StepResult, end_training, optimizer_step, train_step
 from bertrain.train.stream import TrainStream
 from bertrain.train.threads import ThreadTuner, plan_threads, start_tuner
 
@@ -245,7 +245,7 @@ class Trainer:
             parts.stream.close()  # loader workers stopped now, not at interpreter exit
             parts.monitor.close(self._summary(state, session))
             self._report(parts)
-        accelerator.end_training()
+        end_training(accelerator)
         if session.exit_code:
             raise Interrupted(self._stop_message(state, session), session.exit_code)
         if accelerator.is_main_process and session.last_checkpoint:
