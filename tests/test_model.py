@@ -282,7 +282,7 @@ def test_bf16_autocast_runs_and_stays_close_to_fp32(float32_residual):
 @pytest.mark.parametrize("name", ["bert", "albert"])
 def test_bf16_autocast_keeps_the_residual_stream_in_bf16_and_casts_no_activation(name):
     """Under autocast each layer takes and gives bf16 and casts only weights (and their gradients); with
-    model.float32_residual as plain autocast: float32 between layers and activation casts. Without autocast the
+    model.float32_residual as CUDA's autocast: float32 between layers and activation casts. Without autocast the
     flag changes nothing."""
     batch = padded_batch(seed=13, batch=3, length=22)  # 66 positions: no parameter has a dimension of 66 or 22
     activation_casts, layer_outputs, losses = {}, {}, {}
