@@ -17,11 +17,11 @@ _end_barriers: list = []  # end_training's barrier works, kept while the process
 
 
 def end_training(accelerator) -> None:
-    """accelerator.end_training() after a barrier whose work Python keeps. Else gloo's worker thread may free that
-    work (and the finished collectives it holds, whose tensors take the GIL to die) just as the main thread, holding
-    the GIL, frees the process group and waits for that thread: both wait forever (torch 2.13; 2 of 14 two-process
-    CPU runs hung at exit on a busy 2-core machine)."""
-    if accelerator.num_processes > 1 and dist.is_initialized():
+    """accelerator.end_training(), on gloo after a barrier whose work Python keeps. Else gloo's worker thread may free
+    that work (and the finished collectives it holds, whose tensors take the GIL to die) just as the main thread,
+    holding the GIL, frees the process group and waits for that thread: both wait forever (torch 2.13; 2 of 14
+    two-process CPU runs hung at exit on a busy 2-core machine)."""
+    if accelerator.num_processes > 1 and dist.is_initialized() and dist.get_backend() == "gloo":
         work = dist.barrier(async_op=True)
         work.wait()
         _end_barriers.append(work)
