@@ -17,15 +17,13 @@ import collections
 import dataclasses
 
 import torch
+from gpu_profile import group_of
 from model_step import cpu_has_native_bf16, time_alternating
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from bertrain.config import load_config
 from bertrain.model.layers import EncoderLayer
-
-MATMUL = ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul")  # aten names; attention: "_scaled_dot_product_*"
-
 
 class ByteCount(TorchDispatchMode):
     """Bytes read and written by each kind of op run inside it (an in-place op's tensor counts as read and written)."""
@@ -45,9 +43,9 @@ class ByteCount(TorchDispatchMode):
 
 
 def kind(op: str) -> str:
-    if op in MATMUL:
-        return "matmul"
-    return "attention" if op.startswith("_scaled_dot_product") else "other"
+    """GEMM or attention as gpu_profile.py groups the GPU profile's ops, else other."""
+    group = group_of(f"aten::{op}")
+    return group if group in ("GEMM", "attention") else "other"
 
 
 def layer_step(layer: EncoderLayer, x: torch.Tensor, upstream: torch.Tensor, saved: dict | None = None):
@@ -97,15 +95,16 @@ def main() -> None:
           f"[{B}, {T}]; MB read + written by aten ops")
     print(f"{'residual':<17} {'matmul MB':>10} {'attention MB':>12} {'other MB':>9} {'casts MB':>9} {'ms (CPU)':>9} "
           f"{'saved for backward MB':>21}")
+    other = []
     for name, count in counts.items():
         by_kind = collections.Counter()
         for op, n in count.bytes.items():
             by_kind[kind(op)] += n
+        other.append(by_kind["other"])
         time = f"{ms[name]:.2f}" if ms else "-"
-        print(f"{name.split()[0]:<17} {by_kind['matmul'] / 1e6:>10.1f} {by_kind['attention'] / 1e6:>12.1f} "
+        print(f"{name.split()[0]:<17} {by_kind['GEMM'] / 1e6:>10.1f} {by_kind['attention'] / 1e6:>12.1f} "
               f"{by_kind['other'] / 1e6:>9.1f} {count.bytes['_to_copy'] / 1e6:>9.1f} {time:>9} "
               f"{sum(saved[name].values()) / 1e6:>21.1f}")
-    other = [sum(n for op, n in count.bytes.items() if kind(op) == "other") for count in counts.values()]
     print(f"bytes outside matmuls and attention, bf16 / float32 residual: {other[1] / other[0]:.2f}x"
           + (f"; the layer step's CPU time: {ms['bf16 residual'] / ms['float32 residual']:.2f}x" if ms else
              " (not timed: no native bf16 on this CPU, or --rounds 0)"))

@@ -9,10 +9,9 @@ alternated rounds, the ratio in the same run. Not part of the suite (a tiny shap
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from model_step import time_alternating
 
 from bertrain.model.layers import split_heads
 
@@ -25,6 +24,14 @@ def autograd_unbind(projected: torch.Tensor, heads: int) -> tuple[torch.Tensor, 
 
 def split_heads_of_three(projected: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
     return split_heads(projected, 3, heads)
+
+
+def backward_of(split, projected: torch.Tensor, upstream: list[torch.Tensor], heads: int):
+    """One backward pass through `split`, the gradient cleared first."""
+    def step() -> None:
+        projected.grad = None
+        torch.autograd.backward(split(projected, heads), upstream)
+    return step
 
 
 def main() -> None:
@@ -43,17 +50,10 @@ def main() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         projected = torch.randn(B, T, 3 * H, dtype=dtype, requires_grad=True)
         upstream = [torch.randn(B, heads, T, H // heads, dtype=dtype) for _ in range(3)]
-        ways = {"unbind": autograd_unbind, "split_heads": split_heads_of_three}
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            for name, split in (ways.items() if r % 2 else reversed(ways.items())):
-                started = time.perf_counter()
-                for _ in range(args.repeats):
-                    projected.grad = None
-                    torch.autograd.backward(split(projected, heads), upstream)
-                if r:
-                    times[name].append((time.perf_counter() - started) / args.repeats)
-        old, new = (1e3 * statistics.median(times[name]) for name in ways)
+        medians = time_alternating({"unbind": backward_of(autograd_unbind, projected, upstream, heads),
+                                    "split_heads": backward_of(split_heads_of_three, projected, upstream, heads)},
+                                   args.rounds, args.repeats)
+        old, new = 1e3 * medians["unbind"], 1e3 * medians["split_heads"]
         print(f"{str(dtype).removeprefix('torch.'):<9} {old:>18.3f} {new:>14.3f} {new / old:>5.2f}x")
 
 
