@@ -145,7 +145,6 @@ def test_the_training_loops_ctrl_c_handler_keeps_an_ignored_sigint_ignored():
         signal.signal(signal.SIGINT, before)
 
 
-
 SWALLOWED_CTRL_C = """
 import signal, sys
 from bertrain.train import signals
@@ -177,6 +176,7 @@ def test_a_startup_ctrl_c_that_python_swallowed_stops_the_cli_before_the_first_s
         assert "interrupted before the first step" in result.stdout and "training" not in result.stdout
     else:
         assert "training" in result.stdout and "interrupted" not in result.stdout
+
 
 def _albert_base_model(data):
     from bertrain.config import load_config
