@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from bertrain.config import ModelConfig
+from bertrain.errors import UsageError
 from bertrain.model import build_model
 from bertrain.train import lamb_native, lamb_triton
 from bertrain.train.lamb import Lamb, own_kernel
@@ -212,7 +213,7 @@ def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                              "interpreted"], cwd=root, capture_output=True, text=True, timeout=900,
                             env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
-    assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0 and "4 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def small_triton_blocks(monkeypatch) -> None:
@@ -249,3 +250,99 @@ def test_interpreted_triton_kernel_changes_nothing_on_a_non_finite_step(monkeypa
     optimizer.found_inf = torch.zeros(())
     run_steps([(model, optimizer)], steps=1, seed=2)
     assert not torch.equal(before[0]["mlm_head.dense.weight"], model.state_dict()["mlm_head.dense.weight"])
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
+def test_interpreted_pipelined_kernel_equals_the_two_pass_kernel_bitwise(monkeypatch):
+    """Both passes in one launch, groups of a few tensors (one empty, one over many blocks), a non-finite step
+    among them: the two-pass kernel's weights and moments, bit for bit."""
+    small_triton_blocks(monkeypatch)
+    monkeypatch.setattr(lamb_triton, "GROUP_BYTES", 12 * 600)
+    models, optimizers = [], []
+    for schedule in lamb_triton.SCHEDULES:
+        model = tiny_model("albert")
+        groups = groups_of(model)
+        groups[0]["params"].insert(1, torch.zeros(0, requires_grad=True))
+        models.append([p for g in groups for p in g["params"]])
+        optimizers.append(Lamb(groups, lr=1e-2, weight_decay=0.1))
+    assert len(lamb_triton._pipeline(torch.device("cpu"), tuple(p.numel() for p in models[0][:25]),
+                                     lamb_triton.GROUP_BYTES)[2]) > 3  # several groups
+    generator = torch.Generator().manual_seed(3)
+    for found_inf in (0.0, 0.0, 1.0, 0.0):
+        grads = [torch.randn(p.shape, generator=generator) * 0.1 for p in models[0]]
+        for schedule, params, optimizer in zip(lamb_triton.SCHEDULES, models, optimizers):
+            monkeypatch.setattr(lamb_triton, "SCHEDULE", schedule)
+            for param, grad in zip(params, grads):
+                param.grad = grad.clone()
+            optimizer.found_inf = torch.tensor(found_inf)
+            assert own_kernel(params) is lamb_triton
+            optimizer.step()
+        assert all(torch.equal(a, b) for a, b in zip(*models))
+        states = [o.state_dict()["state"] for o in optimizers]
+        assert all(torch.equal(states[0][i][key], states[1][i][key]) for i in states[0] for key in states[0][i])
+
+
+def test_pipelined_schedule_takes_each_block_once_per_pass_and_its_pass_two_a_group_later():
+    """Blocks of 128 elements, groups closed at 4800 bytes (400 elements of weight and moments)."""
+    sizes = (300, 0, 50, 1000, 7, 7, 7, 129)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lamb_triton, "BLOCK", 128)
+        items, tensor_group, group_tensors = (t.tolist() for t in lamb_triton._pipeline(
+            torch.device("cpu"), sizes, 12 * 400))
+    first = [0]
+    for size in sizes:
+        first.append(first[-1] + -(-size // 128))
+    block_tensor = [t for t, size in enumerate(sizes) for _ in range(-(-size // 128))]
+    # groups: 300 + 0 + 50 + 1000 elements (closed past 400), then 7 + 7 + 7 + 129 (the last, not full)
+    assert group_tensors == [3, 4] and [tensor_group[t] for t in (0, 2, 3, 4, 7)] == [0, 0, 0, 1, 1]
+    for kind in (0, 1):
+        assert sorted(item // 2 for item in items if item % 2 == kind) == list(range(first[-1]))
+    position = {item: index for index, item in enumerate(items)}
+    group_of_block = [tensor_group[t] for t in block_tensor]
+    for block, group in enumerate(group_of_block):  # pass 2 after its group's pass 1 and the next group's
+        later = [b for b, g in enumerate(group_of_block) if g in (group, group + 1)]
+        assert position[2 * block + 1] > max(position[2 * b] for b in later)
+
+
+def test_an_unknown_lamb_schedule_is_a_usage_error_naming_the_choices(monkeypatch):
+    monkeypatch.setattr(lamb_triton, "SCHEDULE", "one_pass")
+    with pytest.raises(UsageError, match="BERTRAIN_LAMB_SCHEDULE='one_pass'.*two_pass or pipelined"):
+        lamb_triton.builds(torch.device("cpu"))
+
+
+def test_lamb_kernels_compile_for_the_gpus_they_serve():
+    """Every Triton kernel through Triton's compiler and ptxas for an A100 (sm_80) and an H100/H200 (sm_90), no GPU
+    needed: a kernel that only a GPU would reject (e.g. two cache hints PTX cannot combine) fails here."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as error:
+        pytest.skip(f"this Triton has no ahead-of-time compiler API: {error}")
+    pointer, index, number = "*fp32", "*i64", "fp32"
+    blocks = dict(BLOCK=lamb_triton.BLOCK, RATIO_BLOCK=lamb_triton.RATIO_BLOCK)
+    signatures = {
+        "_moments_and_squares": "addresses:I chunk_tensor:I chunk_start:I numels:I corrections:P found_inf:P "
+                                "partials:P one_minus_beta1:F beta2:F one_minus_beta2:F eps:F weight_decay:F BLOCK:C",
+        "_trust_ratios": "partials:P first_chunk:I chunk_count:I scales:P lr:F RATIO_BLOCK:C",
+        "_apply": "addresses:I chunk_tensor:I chunk_start:I numels:I corrections:P found_inf:P scales:P eps:F "
+                  "weight_decay:F BLOCK:C",
+        "_pipelined": "addresses:I items:I item_count:N chunk_tensor:I chunk_start:I numels:I first_chunk:I "
+                      "chunk_count:I tensor_group:I group_tensors:I counters:Q tensor_count:N corrections:P "
+                      "found_inf:P partials:P scales:P lr:F one_minus_beta1:F beta2:F one_minus_beta2:F eps:F "
+                      "weight_decay:F BLOCK:C RATIO_BLOCK:C"}
+    kinds = dict(P=pointer, I=index, F=number, N="i32", Q="*i32", C="constexpr")
+    for arch in (80, 90):
+        for name, text in signatures.items():
+            signature = dict((arg, kinds[kind]) for arg, kind in (pair.split(":") for pair in text.split()))
+            assert list(signature) == list(getattr(lamb_triton, name).arg_names)
+            constants = {k: v for k, v in blocks.items() if k in signature}
+            try:
+                source = ASTSource(fn=getattr(lamb_triton, name), signature=signature, constexprs=constants)
+                compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                          options=dict(num_warps=lamb_triton.NUM_WARPS))
+            except (RuntimeError, FileNotFoundError) as error:
+                if "ptxas" in str(error).lower() and "error" not in str(error).lower():
+                    pytest.skip(f"no ptxas with this Triton: {error}")
+                raise
+            assert ".entry" in compiled.asm["ptx"] and compiled.asm["cubin"], (arch, name)

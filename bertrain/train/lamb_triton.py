@@ -1,7 +1,9 @@
 """LAMB's GPU kernel in Triton: lamb_native.c's two passes over memory (10 tensor-sized reads and writes; lamb.py's
 torch ops need 16 on a GPU) over all of a group's tensors in one launch each, with a small launch between them
-for the trust ratios. Triton ships with torch's CUDA builds; without it lamb.py uses torch ops. The CPU tests run
-these kernels in Triton's interpreter (TRITON_INTERPRET=1)."""
+for the trust ratios; or, SCHEDULE "pipelined", both passes in one launch, each group of tensors' pass 2 read
+from L2 right after its pass 1 (an experiment until measured on a GPU: benchmarks/lamb_kernels.py).
+Triton ships with torch's CUDA builds; without it lamb.py uses torch ops. The CPU tests run these kernels in
+Triton's interpreter (TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import warnings
 
 import torch
 
+from bertrain.errors import UsageError
+
 try:
     import triton
     import triton.language as tl
@@ -18,7 +22,14 @@ except ImportError:  # a CPU-only install: eligible() is False and nothing here 
     triton = tl = None
 
 BLOCK = 4096  # elements per program of the two passes: each writes one partial sum of squares per norm
+NUM_WARPS = 8  # per program of the passes (sm_90: pass 1 then takes 184 registers a thread, one program per SM)
 RATIO_BLOCK = 1024  # partial sums a trust-ratio program adds at a time
+SCHEDULES = ("two_pass", "pipelined")
+SCHEDULE = os.environ.get("BERTRAIN_LAMB_SCHEDULE", "two_pass")  # the pipelined one: not yet the default, see above
+# pipelined: exp_avg + exp_avg_sq + weight bytes per group (L2: 50 MB on an H100 or H200; about two groups are in
+# flight, the gradients stream past), and programs per multiprocessor (the items go to whichever is free)
+GROUP_BYTES = 8 * 2**20
+PROGRAMS_PER_SM = 4
 
 
 def _jit(function):
@@ -34,24 +45,28 @@ def eligible(tensors: list[torch.Tensor]) -> bool:
                     for t in tensors))
 
 
-_builds: dict[torch.device, bool] = {}
+_builds: dict[tuple[torch.device, str], bool] = {}
 
 
 def builds(device: torch.device) -> bool:
-    """Whether the kernels compile and run on `device`: tried once, on scratch tensors, so that a Triton version
-    they do not suit costs a warning and the torch ops' speed, not a training run."""
-    if device not in _builds:
+    """Whether the kernels of SCHEDULE compile and run on `device`: tried once, on scratch tensors, so that a
+    Triton version they do not suit costs a warning and the torch ops' speed, not a training run."""
+    if SCHEDULE not in SCHEDULES:
+        raise UsageError(f"BERTRAIN_LAMB_SCHEDULE={SCHEDULE!r} is not a schedule of LAMB's GPU kernel: set "
+                         f"{' or '.join(SCHEDULES)}, or unset it (two_pass).")
+    key = (device, SCHEDULE)
+    if key not in _builds:
         try:
             params, grads, exp_avgs, exp_avg_sqs = ([torch.rand(n, device=device) for n in (5, BLOCK + 3)]
                                                     for _ in range(4))
             steps = [torch.ones((), device=device) for _ in params]
             lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, 1e-3, 0.9, 0.999, 1e-6, 0.01, None)
-            _builds[device] = True
+            _builds[key] = True
         except Exception as error:  # noqa: BLE001 - Triton's compile errors have no common type
             warnings.warn(f"LAMB: the Triton kernel did not build on {device} ({type(error).__name__}: {error}); "
                           "the optimizer step uses torch ops (about 2x slower).", RuntimeWarning, stacklevel=4)
-            _builds[device] = False
-    return _builds[device]
+            _builds[key] = False
+    return _builds[key]
 
 
 def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
@@ -67,12 +82,21 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     partials = torch.empty(chunks, 2, dtype=torch.float32, device=device)
     scales = torch.empty(len(params), dtype=torch.float32, device=device)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        if SCHEDULE == "pipelined":
+            items, tensor_group, group_tensors = _pipeline(device, tuple(p.numel() for p in params), GROUP_BYTES)
+            counters = torch.zeros(1 + len(params) + group_tensors.numel(), dtype=torch.int32, device=device)
+            _pipelined[(min(items.numel(), _programs(device)),)](
+                addresses, items, items.numel(), chunk_tensor, chunk_start, numels, first_chunk, chunk_count,
+                tensor_group, group_tensors, counters, len(params), corrections, found_inf, partials, scales, lr,
+                1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK, RATIO_BLOCK=RATIO_BLOCK,
+                num_warps=NUM_WARPS)
+            return
         _moments_and_squares[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
                                         partials, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay,
-                                        BLOCK=BLOCK, num_warps=8)
-        _trust_ratios[(len(params),)](partials, first_chunk, chunk_count, scales, lr, BLOCK=RATIO_BLOCK)
+                                        BLOCK=BLOCK, num_warps=NUM_WARPS)
+        _trust_ratios[(len(params),)](partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK=RATIO_BLOCK)
         _apply[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps,
-                          weight_decay, BLOCK=BLOCK, num_warps=8)
+                          weight_decay, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def bias_corrections(steps: list[torch.Tensor], beta1: float, beta2: float) -> torch.Tensor:
@@ -106,6 +130,50 @@ def _layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor,
     return _layouts[key]
 
 
+def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) -> tuple[torch.Tensor, ...]:
+    """The pipelined schedule, built once per list of sizes (int64): its items in order (block * 2 + pass, pass
+    0 or 1), each tensor's group, each group's tensor count. Groups are whole tensors, closed once their state
+    reaches group_bytes; each group's pass 1 comes one group ahead of its pass 2, so that no pass-2 block
+    waits for a pass-1 block taken just before it."""
+    key = (device, sizes, BLOCK, group_bytes)
+    if key not in _layouts:
+        groups, group, filled = [], [], 0
+        for tensor, size in enumerate(sizes):
+            if size == 0:  # no block: nothing to wait for
+                continue
+            group.append(tensor)
+            filled += 12 * size  # exp_avg, exp_avg_sq and the weight, float32
+            if filled >= group_bytes:
+                groups.append(group)
+                group, filled = [], 0
+        groups += [group] if group else []
+        first = [0]
+        for size in sizes:
+            first.append(first[-1] + -(-size // BLOCK))
+        blocks = [[block for tensor in group for block in range(first[tensor], first[tensor + 1])]
+                  for group in groups]
+        items = []
+        for index, group_blocks in enumerate(blocks):
+            items += [2 * block for block in group_blocks]
+            if index > 0:
+                items += [2 * block + 1 for block in blocks[index - 1]]
+        items += [2 * block + 1 for block in blocks[-1]] if blocks else []
+        tensor_group = [0] * len(sizes)
+        for index, group in enumerate(groups):
+            for tensor in group:
+                tensor_group[tensor] = index
+        _layouts[key] = tuple(_to_device(values, device)
+                              for values in (items, tensor_group, [len(group) for group in groups]))
+    return _layouts[key]
+
+
+def _programs(device: torch.device) -> int:
+    """The pipelined kernel's grid: PROGRAMS_PER_SM per multiprocessor (4 in Triton's interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _addresses(device: torch.device, *tensor_lists: list[torch.Tensor]) -> torch.Tensor:
     """[tensors, 4] int64 device table of grad, exp_avg, exp_avg_sq and param addresses. Gradients can move
     between steps: a table is reused only for the same addresses."""
@@ -126,14 +194,13 @@ def _to_device(values, device: torch.device) -> torch.Tensor:
 
 
 @_jit
-def _block(chunk_tensor, chunk_start, numels, found_inf, BLOCK: tl.constexpr):
-    """This program's block: (program, its tensor, element offsets, which are inside the tensor, which to write:
-    none after a non-finite step)."""
-    chunk = tl.program_id(0)
+def _block(chunk, chunk_tensor, chunk_start, numels, found_inf, BLOCK: tl.constexpr):
+    """A block's tensor, element offsets, which are inside the tensor, which to write (none after a non-finite
+    step)."""
     tensor = tl.load(chunk_tensor + chunk)
     offsets = tl.load(chunk_start + chunk) + tl.arange(0, BLOCK)
     numel = tl.load(numels + tensor)
-    return chunk, tensor, offsets, offsets < numel, offsets < tl.where(tl.load(found_inf) == 0, numel, 0)
+    return tensor, offsets, offsets < numel, offsets < tl.where(tl.load(found_inf) == 0, numel, 0)
 
 
 @_jit
@@ -154,14 +221,14 @@ def _update(m, v, w, corrections, tensor, eps, weight_decay):
 
 
 @_jit
-def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
-                         one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
-    """Pass 1, one program per BLOCK elements: new moments (kept where found_inf is 0) and the block's sums of
-    w^2 and update^2."""
-    chunk, tensor, offsets, inside, keep = _block(chunk_tensor, chunk_start, numels, found_inf, BLOCK)
+def _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+              one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
+    """Pass 1 of one block: new moments (kept where found_inf is 0) and the block's sums of w^2 and update^2.
+    Returns the block's tensor."""
+    tensor, offsets, inside, keep = _block(chunk, chunk_tensor, chunk_start, numels, found_inf, BLOCK)
     exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
     grad = tl.load(addresses + 4 * tensor).to(tl.pointer_type(tl.float32))
-    g = tl.load(grad + offsets, mask=inside, other=0.0)
+    g = tl.load(grad + offsets, mask=inside, other=0.0, eviction_policy="evict_first")  # not read again
     m = tl.load(exp_avg + offsets, mask=inside, other=0.0)
     v = tl.load(exp_avg_sq + offsets, mask=inside, other=0.0)
     w = tl.load(param + offsets, mask=inside, other=0.0)
@@ -172,24 +239,27 @@ def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, correctio
     update = _update(m, v, w, corrections, tensor, eps, weight_decay)
     tl.store(partials + 2 * chunk, tl.sum(w * w, axis=0))
     tl.store(partials + 2 * chunk + 1, tl.sum(update * update, axis=0))
+    return tensor
 
 
 @_jit
-def _trust_ratios(partials, first_chunk, chunk_count, scales, lr, BLOCK: tl.constexpr):
-    """One program per tensor: its blocks' sums in a fixed order (float64; deterministic), then
+def _scale(tensor, partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK: tl.constexpr,
+           CACHE: tl.constexpr):
+    """The tensor's blocks' sums in a fixed order (float64; deterministic), then
     scale = lr * ||w|| / ||update|| (lr where a norm is 0)."""
-    tensor = tl.program_id(0)
     first = tl.load(first_chunk + tensor)
     count = tl.load(chunk_count + tensor)
-    weight_squares = tl.zeros([BLOCK], dtype=tl.float64)
-    update_squares = tl.zeros([BLOCK], dtype=tl.float64)
+    weight_squares = tl.zeros([RATIO_BLOCK], dtype=tl.float64)
+    update_squares = tl.zeros([RATIO_BLOCK], dtype=tl.float64)
     offset = 0
     while offset < count:  # not range(): Triton's interpreter takes only constant bounds there
-        index = offset + tl.arange(0, BLOCK)
+        index = offset + tl.arange(0, RATIO_BLOCK)
         inside = index < count
-        weight_squares += tl.load(partials + 2 * (first + index), mask=inside, other=0.0).to(tl.float64)
-        update_squares += tl.load(partials + 2 * (first + index) + 1, mask=inside, other=0.0).to(tl.float64)
-        offset += BLOCK
+        weight_squares += tl.load(partials + 2 * (first + index), mask=inside, other=0.0,
+                                  cache_modifier=CACHE).to(tl.float64)
+        update_squares += tl.load(partials + 2 * (first + index) + 1, mask=inside, other=0.0,
+                                  cache_modifier=CACHE).to(tl.float64)
+        offset += RATIO_BLOCK
     weight_norm = tl.sqrt(tl.sum(weight_squares, axis=0))
     update_norm = tl.sqrt(tl.sum(update_squares, axis=0))
     ratio = tl.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
@@ -197,13 +267,70 @@ def _trust_ratios(partials, first_chunk, chunk_count, scales, lr, BLOCK: tl.cons
 
 
 @_jit
+def _pass_two(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps, weight_decay,
+              BLOCK: tl.constexpr, CACHE: tl.constexpr):
+    """Pass 2 of one block: the update again from the new moments, w -= scale * update (nothing where found_inf
+    is 1)."""
+    tensor, offsets, inside, keep = _block(chunk, chunk_tensor, chunk_start, numels, found_inf, BLOCK)
+    exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
+    m = tl.load(exp_avg + offsets, mask=keep, other=0.0, cache_modifier=CACHE)
+    v = tl.load(exp_avg_sq + offsets, mask=keep, other=0.0, cache_modifier=CACHE)
+    w = tl.load(param + offsets, mask=keep, other=0.0, cache_modifier=CACHE)
+    update = _update(m, v, w, corrections, tensor, eps, weight_decay)
+    tl.store(param + offsets, w - tl.load(scales + tensor, cache_modifier=CACHE) * update, mask=keep)
+
+
+@_jit
+def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+                         one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
+    """Pass 1, one program per block."""
+    _pass_one(tl.program_id(0), addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+              one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
+
+
+@_jit
+def _trust_ratios(partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK: tl.constexpr):
+    """Between the passes, one program per tensor: its scale."""
+    _scale(tl.program_id(0), partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK, "")
+
+
+@_jit
 def _apply(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps, weight_decay,
            BLOCK: tl.constexpr):
-    """Pass 2: the update again from the new moments, w -= scale * update (nothing where found_inf is 1)."""
-    chunk, tensor, offsets, inside, keep = _block(chunk_tensor, chunk_start, numels, found_inf, BLOCK)
-    exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
-    m = tl.load(exp_avg + offsets, mask=keep, other=0.0)
-    v = tl.load(exp_avg_sq + offsets, mask=keep, other=0.0)
-    w = tl.load(param + offsets, mask=keep, other=0.0)
-    update = _update(m, v, w, corrections, tensor, eps, weight_decay)
-    tl.store(param + offsets, w - tl.load(scales + tensor) * update, mask=keep)
+    """Pass 2, one program per block."""
+    _pass_two(tl.program_id(0), addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps,
+              weight_decay, BLOCK, "")
+
+
+@_jit
+def _pipelined(addresses, items, item_count, chunk_tensor, chunk_start, numels, first_chunk, chunk_count,
+               tensor_group, group_tensors, counters, tensor_count, corrections, found_inf, partials, scales, lr,
+               one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr,
+               RATIO_BLOCK: tl.constexpr):
+    """Both passes in one launch: each program takes the schedule's next item (a block's pass 1 or pass 2) until
+    none is left. A tensor's last pass-1 block computes its scale; a pass-2 block waits until every tensor of its
+    group has one. Items are taken in order, so every block waited for is held by a running program: no deadlock
+    whatever the grid or the GPU's occupancy. Pass 2 reads through L2 only (".cg"): pass 1 wrote from other SMs."""
+    chunks_done = counters + 1                   # per tensor: its pass-1 blocks finished
+    scales_done = counters + 1 + tensor_count    # per group: its tensors whose scale is written
+    item = tl.atomic_add(counters, 1)
+    while item < item_count:
+        code = tl.load(items + item)
+        chunk = code // 2
+        if code % 2 == 0:
+            tensor = _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+                               one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
+            tl.debug_barrier()  # every thread's stores before the count that publishes them
+            if tl.atomic_add(chunks_done + tensor, 1, sem="acq_rel") == tl.load(chunk_count + tensor) - 1:
+                tl.debug_barrier()
+                _scale(tensor, partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK, ".cg")
+                tl.debug_barrier()
+                tl.atomic_add(scales_done + tl.load(tensor_group + tensor), 1, sem="release")
+        else:
+            group = tl.load(tensor_group + tl.load(chunk_tensor + chunk))
+            while tl.atomic_add(scales_done + group, 0, sem="acquire") < tl.load(group_tensors + group):
+                pass
+            tl.debug_barrier()
+            _pass_two(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps,
+                      weight_decay, BLOCK, ".cg")
+        item = tl.atomic_add(counters, 1)
