@@ -1,11 +1,11 @@
 """LAMB's Triton kernel in each configuration against torch's fused AdamW on a shipped config's parameters (random
 gradients, `found_inf` set as the loop sets it): lamb_triton's two-pass schedule (the default: 4096 x 8) and its
-pipelined one, each at a few block sizes and warps, the pipelined one at a few group sizes. Per configuration:
-device ms per step with the host ahead (the device sleeps while the host queues the steps, as in training, where
-the forward and backward keep the device busy while the host queues the optimizer), wall ms (medians of
-alternated rounds), and its weights after 3 steps from the same start against the two-pass kernel's at the same
-block and warps (bitwise) and the default's. On a CPU Triton's interpreter runs the kernels (tested, a tiny shape):
-its times mean nothing.
+pipelined one, each at a few block sizes and warps, the pipelined one at a few group and item sizes. Per
+configuration: device ms per step with the host ahead (the device sleeps while the host queues the steps, as in
+training, where the forward and backward keep the device busy while the host queues the optimizer), wall ms
+(medians of rounds alternated with fused AdamW's), and its weights after 3 steps from the same start against the
+default's and, pipelined, against the two-pass kernel's at the same block and warps (bitwise). On a CPU Triton's
+interpreter runs the kernels (tested, a tiny shape): its times mean nothing.
 
     python benchmarks/lamb_kernels.py --config bert_base --results OUT.jsonl
 """
@@ -25,27 +25,29 @@ from model_step import synchronize, time_alternating
 DEFAULT = dict(schedule="two_pass", block=4096, warps=8)
 CONFIGS = [DEFAULT, dict(schedule="two_pass", block=2048, warps=8), dict(schedule="two_pass", block=1024, warps=4),
            dict(schedule="two_pass", block=4096, warps=16)] + [
-    dict(schedule="pipelined", block=block, warps=warps, group_mb=group_mb)
-    for block, warps, group_mb in ((4096, 8, 8), (2048, 8, 4), (2048, 8, 8), (2048, 8, 16), (2048, 8, 32),
-                                   (1024, 4, 8))]
-QUICK_CONFIGS = [DEFAULT, dict(schedule="pipelined", block=4096, warps=8, group_mb=1)]
+    dict(schedule="pipelined", block=block, warps=warps, group_mb=group_mb, items=items)
+    for block, warps, group_mb, items in ((4096, 8, 8, 1), (4096, 8, 8, 4), (2048, 8, 4, 4), (2048, 8, 8, 4),
+                                          (2048, 8, 16, 4))]
+QUICK_CONFIGS = [DEFAULT, dict(schedule="pipelined", block=4096, warps=8, group_mb=1, items=2)]
 SLEEP_CYCLES = 400_000_000  # the device's head start: 0.2-0.3 s at 1.4-2 GHz, against ~40 ms of queuing
 
 
 def label(config: dict) -> str:
-    groups = f", {config['group_mb']} MB groups" if config["schedule"] == "pipelined" else ""
+    pipelined = config["schedule"] == "pipelined"
+    groups = f", {config['group_mb']} MB groups, {config['items']} blocks an item" if pipelined else ""
     return f"{config['schedule']} {config['block']}x{config['warps']}{groups}"
 
 
 @contextlib.contextmanager
 def configured(config: dict):
-    """lamb_triton's schedule, block, warps and group size set to `config` (restored after)."""
+    """lamb_triton's schedule, block, warps, group size and blocks an item set to `config` (restored after)."""
     from bertrain.train import lamb_triton
 
-    names = ("SCHEDULE", "BLOCK", "NUM_WARPS", "GROUP_BYTES")
+    names = ("SCHEDULE", "BLOCK", "NUM_WARPS", "GROUP_BYTES", "ITEM_BLOCKS")
     saved = [getattr(lamb_triton, name) for name in names]
+    pipelined = config["schedule"] == "pipelined"
     values = (config["schedule"], config["block"], config["warps"],
-              config.get("group_mb", 8) * 2**20 if config["schedule"] == "pipelined" else saved[3])
+              config["group_mb"] * 2**20 if pipelined else saved[3], config["items"] if pipelined else saved[4])
     for name, value in zip(names, values):
         setattr(lamb_triton, name, value)
     try:
@@ -129,7 +131,7 @@ def main() -> None:
     adamw.found_inf = lamb.found_inf = found_inf
     print(f"{args.config}: {sum(p.numel() for p in params) / 1e6:.1f}M parameters on {device}; device ms: host "
           f"ahead, {steps} steps; wall ms: medians of rounds alternated with fused AdamW's")
-    print(f"{'configuration':<36} {'device ms':>9} {'/ AdamW':>8} {'wall ms':>8} {'/ AdamW':>8}  weights")
+    print(f"{'configuration':<52} {'device ms':>9} {'/ AdamW':>8} {'wall ms':>8} {'/ AdamW':>8}  weights")
     weights = {}
     for config in configs:  # each row written when measured: a configuration that hangs costs only the ones after
         name = label(config)
@@ -149,7 +151,7 @@ def main() -> None:
         if config["schedule"] == "pipelined" and two_pass in weights:
             row["same_as_two_pass"] = all(torch.equal(a, b) for a, b in zip(weights[name], weights[two_pass]))
         same = {True: ", bitwise = two-pass", False: ", differ from two-pass"}.get(row.get("same_as_two_pass"), "")
-        print(f"{name:<36} {ms:>9.3f} {row['device_ratio']:>7.2f}x {row['wall_ms']:>8.3f} {row['wall_ratio']:>7.2f}x  "
+        print(f"{name:<52} {ms:>9.3f} {row['device_ratio']:>7.2f}x {row['wall_ms']:>8.3f} {row['wall_ratio']:>7.2f}x  "
               f"{row['vs_default']:.1e} of the default's change{same}"
               + ("" if row["host_ahead"] else "  (host-bound: the device caught up)"), flush=True)
         if args.results:

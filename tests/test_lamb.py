@@ -254,10 +254,11 @@ def test_interpreted_triton_kernel_changes_nothing_on_a_non_finite_step(monkeypa
 
 @pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
 def test_interpreted_pipelined_kernel_equals_the_two_pass_kernel_bitwise(monkeypatch):
-    """Both passes in one launch, groups of a few tensors (one empty, one over many blocks), a non-finite step
-    among them: the two-pass kernel's weights and moments, bit for bit."""
+    """Both passes in one launch, groups of a few tensors (one empty, one over many blocks), items of 3 blocks,
+    a non-finite step among them: the two-pass kernel's weights and moments, bit for bit."""
     small_triton_blocks(monkeypatch)
     monkeypatch.setattr(lamb_triton, "GROUP_BYTES", 12 * 600)
+    monkeypatch.setattr(lamb_triton, "ITEM_BLOCKS", 3)
     models, optimizers = [], []
     for schedule in lamb_triton.SCHEDULES:
         model = tiny_model("albert")
@@ -266,7 +267,7 @@ def test_interpreted_pipelined_kernel_equals_the_two_pass_kernel_bitwise(monkeyp
         models.append([p for g in groups for p in g["params"]])
         optimizers.append(Lamb(groups, lr=1e-2, weight_decay=0.1))
     assert len(lamb_triton._pipeline(torch.device("cpu"), tuple(p.numel() for p in models[0][:25]),
-                                     lamb_triton.GROUP_BYTES)[2]) > 3  # several groups
+                                     lamb_triton.GROUP_BYTES)[3]) > 3  # several groups
     generator = torch.Generator().manual_seed(3)
     for found_inf in (0.0, 0.0, 1.0, 0.0):
         grads = [torch.randn(p.shape, generator=generator) * 0.1 for p in models[0]]
@@ -283,25 +284,28 @@ def test_interpreted_pipelined_kernel_equals_the_two_pass_kernel_bitwise(monkeyp
 
 
 def test_pipelined_schedule_takes_each_block_once_per_pass_and_its_pass_two_a_group_later():
-    """Blocks of 128 elements, groups closed at 4800 bytes (400 elements of weight and moments)."""
+    """Blocks of 128 elements, items of up to 3 blocks of one tensor, groups closed at 4800 bytes (400 elements of
+    weight and moments)."""
     sizes = (300, 0, 50, 1000, 7, 7, 7, 129)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lamb_triton, "BLOCK", 128)
-        items, tensor_group, group_tensors = (t.tolist() for t in lamb_triton._pipeline(
+        patch.setattr(lamb_triton, "ITEM_BLOCKS", 3)
+        items, item_blocks, tensor_group, group_tensors = (t.tolist() for t in lamb_triton._pipeline(
             torch.device("cpu"), sizes, 12 * 400))
-    first = [0]
-    for size in sizes:
-        first.append(first[-1] + -(-size // 128))
     block_tensor = [t for t, size in enumerate(sizes) for _ in range(-(-size // 128))]
     # groups: 300 + 0 + 50 + 1000 elements (closed past 400), then 7 + 7 + 7 + 129 (the last, not full)
     assert group_tensors == [3, 4] and [tensor_group[t] for t in (0, 2, 3, 4, 7)] == [0, 0, 0, 1, 1]
+    # items: the 1000-element tensor's 8 blocks as 3 + 3 + 2; the 300-element one's 3 as one
+    assert [count for code, count in zip(items, item_blocks) if code % 2 == 0] == [3, 1, 3, 3, 2, 1, 1, 1, 2]
+    taken = [(code % 2, code // 2 + b) for code, count in zip(items, item_blocks) for b in range(count)]
     for kind in (0, 1):
-        assert sorted(item // 2 for item in items if item % 2 == kind) == list(range(first[-1]))
-    position = {item: index for index, item in enumerate(items)}
+        assert sorted(block for k, block in taken if k == kind) == list(range(len(block_tensor)))
+    assert all(len({block_tensor[code // 2 + b] for b in range(count)}) == 1 for code, count in zip(items, item_blocks))
+    position = {entry: index for index, entry in enumerate(taken)}
     group_of_block = [tensor_group[t] for t in block_tensor]
     for block, group in enumerate(group_of_block):  # pass 2 after its group's pass 1 and the next group's
         later = [b for b, g in enumerate(group_of_block) if g in (group, group + 1)]
-        assert position[2 * block + 1] > max(position[2 * b] for b in later)
+        assert position[(1, block)] > max(position[(0, b)] for b in later)
 
 
 def test_an_unknown_lamb_schedule_is_a_usage_error_naming_the_choices(monkeypatch):
@@ -327,10 +331,10 @@ def test_lamb_kernels_compile_for_the_gpus_they_serve():
         "_trust_ratios": "partials:P first_chunk:I chunk_count:I scales:P lr:F RATIO_BLOCK:C",
         "_apply": "addresses:I chunk_tensor:I chunk_start:I numels:I corrections:P found_inf:P scales:P eps:F "
                   "weight_decay:F BLOCK:C",
-        "_pipelined": "addresses:I items:I item_count:N chunk_tensor:I chunk_start:I numels:I first_chunk:I "
-                      "chunk_count:I tensor_group:I group_tensors:I counters:Q tensor_count:N corrections:P "
-                      "found_inf:P partials:P scales:P lr:F one_minus_beta1:F beta2:F one_minus_beta2:F eps:F "
-                      "weight_decay:F BLOCK:C RATIO_BLOCK:C"}
+        "_pipelined": "addresses:I items:I item_blocks:I item_count:N chunk_tensor:I chunk_start:I numels:I "
+                      "first_chunk:I chunk_count:I tensor_group:I group_tensors:I counters:Q tensor_count:N "
+                      "corrections:P found_inf:P partials:P scales:P lr:F one_minus_beta1:F beta2:F "
+                      "one_minus_beta2:F eps:F weight_decay:F BLOCK:C RATIO_BLOCK:C"}
     kinds = dict(P=pointer, I=index, F=number, N="i32", Q="*i32", C="constexpr")
     for arch in (80, 90):
         for name, text in signatures.items():

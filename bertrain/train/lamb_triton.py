@@ -30,6 +30,7 @@ SCHEDULE = os.environ.get("BERTRAIN_LAMB_SCHEDULE", "two_pass")  # the pipelined
 # flight, the gradients stream past), and programs per multiprocessor (the items go to whichever is free)
 GROUP_BYTES = 8 * 2**20
 PROGRAMS_PER_SM = 4
+ITEM_BLOCKS = 4  # blocks a program takes at a time: the counter updates and the wait are paid once an item
 
 
 def _jit(function):
@@ -83,10 +84,12 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     scales = torch.empty(len(params), dtype=torch.float32, device=device)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if SCHEDULE == "pipelined":
-            items, tensor_group, group_tensors = _pipeline(device, tuple(p.numel() for p in params), GROUP_BYTES)
+            items, item_blocks, tensor_group, group_tensors = _pipeline(device, tuple(p.numel() for p in params),
+                                                                        GROUP_BYTES)
             counters = torch.zeros(1 + len(params) + group_tensors.numel(), dtype=torch.int32, device=device)
             _pipelined[(min(items.numel(), _programs(device)),)](
-                addresses, items, items.numel(), chunk_tensor, chunk_start, numels, first_chunk, chunk_count,
+                addresses, items, item_blocks, items.numel(), chunk_tensor, chunk_start, numels, first_chunk,
+                chunk_count,
                 tensor_group, group_tensors, counters, len(params), corrections, found_inf, partials, scales, lr,
                 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK, RATIO_BLOCK=RATIO_BLOCK,
                 num_warps=NUM_WARPS)
@@ -131,11 +134,11 @@ def _layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor,
 
 
 def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) -> tuple[torch.Tensor, ...]:
-    """The pipelined schedule, built once per list of sizes (int64): its items in order (block * 2 + pass, pass
-    0 or 1), each tensor's group, each group's tensor count. Groups are whole tensors, closed once their state
-    reaches group_bytes; each group's pass 1 comes one group ahead of its pass 2, so that no pass-2 block
-    waits for a pass-1 block taken just before it."""
-    key = (device, sizes, BLOCK, group_bytes)
+    """The pipelined schedule, built once per list of sizes (int64): its items in order (first block * 2 + pass,
+    pass 0 or 1) and their block counts (up to ITEM_BLOCKS consecutive blocks of one tensor), each tensor's group,
+    each group's tensor count. Groups are whole tensors, closed once their state reaches group_bytes; each group's
+    pass 1 comes one group ahead of its pass 2, so that no pass-2 item waits for a pass-1 item taken just before."""
+    key = (device, sizes, BLOCK, group_bytes, ITEM_BLOCKS)
     if key not in _layouts:
         groups, group, filled = [], [], 0
         for tensor, size in enumerate(sizes):
@@ -150,20 +153,19 @@ def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) ->
         first = [0]
         for size in sizes:
             first.append(first[-1] + -(-size // BLOCK))
-        blocks = [[block for tensor in group for block in range(first[tensor], first[tensor + 1])]
-                  for group in groups]
-        items = []
-        for index, group_blocks in enumerate(blocks):
-            items += [2 * block for block in group_blocks]
-            if index > 0:
-                items += [2 * block + 1 for block in blocks[index - 1]]
-        items += [2 * block + 1 for block in blocks[-1]] if blocks else []
+        runs = [[(start, min(ITEM_BLOCKS, first[tensor + 1] - start)) for tensor in group
+                 for start in range(first[tensor], first[tensor + 1], ITEM_BLOCKS)] for group in groups]
+        order = []  # (group, pass)
+        for index in range(len(groups)):
+            order += [(index, 0)] + ([(index - 1, 1)] if index > 0 else [])
+        order += [(len(groups) - 1, 1)] if groups else []
+        items = [(2 * start + kind, count) for index, kind in order for start, count in runs[index]]
         tensor_group = [0] * len(sizes)
         for index, group in enumerate(groups):
             for tensor in group:
                 tensor_group[tensor] = index
-        _layouts[key] = tuple(_to_device(values, device)
-                              for values in (items, tensor_group, [len(group) for group in groups]))
+        _layouts[key] = tuple(_to_device(values, device) for values in (
+            [code for code, _ in items], [count for _, count in items], tensor_group, [len(g) for g in groups]))
     return _layouts[key]
 
 
@@ -303,34 +305,42 @@ def _apply(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
 
 
 @_jit
-def _pipelined(addresses, items, item_count, chunk_tensor, chunk_start, numels, first_chunk, chunk_count,
-               tensor_group, group_tensors, counters, tensor_count, corrections, found_inf, partials, scales, lr,
-               one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr,
+def _pipelined(addresses, items, item_blocks, item_count, chunk_tensor, chunk_start, numels, first_chunk,
+               chunk_count, tensor_group, group_tensors, counters, tensor_count, corrections, found_inf, partials,
+               scales, lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr,
                RATIO_BLOCK: tl.constexpr):
-    """Both passes in one launch: each program takes the schedule's next item (a block's pass 1 or pass 2) until
-    none is left. A tensor's last pass-1 block computes its scale; a pass-2 block waits until every tensor of its
-    group has one. Items are taken in order, so every block waited for is held by a running program: no deadlock
-    whatever the grid or the GPU's occupancy. Pass 2 reads through L2 only (".cg"): pass 1 wrote from other SMs."""
+    """Both passes in one launch: each program takes the schedule's next item (a few blocks' pass 1 or pass 2)
+    until none is left. A tensor's last pass-1 item computes its scale; a pass-2 item waits until every tensor
+    of its group has one. Items are taken in order, so every item waited for is held by a running program: no
+    deadlock whatever the grid or the GPU's occupancy. Pass 2 reads through L2 only (".cg"): pass 1 wrote from
+    other SMs."""
     chunks_done = counters + 1                   # per tensor: its pass-1 blocks finished
     scales_done = counters + 1 + tensor_count    # per group: its tensors whose scale is written
     item = tl.atomic_add(counters, 1)
     while item < item_count:
         code = tl.load(items + item)
-        chunk = code // 2
+        count = tl.load(item_blocks + item)
+        first = code // 2
+        tensor = tl.load(chunk_tensor + first)
+        block = 0
         if code % 2 == 0:
-            tensor = _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
-                               one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
+            while block < count:
+                _pass_one(first + block, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
+                          partials, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
+                block += 1
             tl.debug_barrier()  # every thread's stores before the count that publishes them
-            if tl.atomic_add(chunks_done + tensor, 1, sem="acq_rel") == tl.load(chunk_count + tensor) - 1:
+            if tl.atomic_add(chunks_done + tensor, count, sem="acq_rel") == tl.load(chunk_count + tensor) - count:
                 tl.debug_barrier()
                 _scale(tensor, partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK, ".cg")
                 tl.debug_barrier()
                 tl.atomic_add(scales_done + tl.load(tensor_group + tensor), 1, sem="release")
         else:
-            group = tl.load(tensor_group + tl.load(chunk_tensor + chunk))
+            group = tl.load(tensor_group + tensor)
             while tl.atomic_add(scales_done + group, 0, sem="acquire") < tl.load(group_tensors + group):
                 pass
             tl.debug_barrier()
-            _pass_two(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps,
-                      weight_decay, BLOCK, ".cg")
+            while block < count:
+                _pass_two(first + block, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
+                          scales, eps, weight_decay, BLOCK, ".cg")
+                block += 1
         item = tl.atomic_add(counters, 1)
