@@ -57,6 +57,15 @@ def test_residual_bytes_benchmark_counts_fewer_bytes_with_the_bf16_residual():
     assert abs(ratio - other16 / other32) <= 0.005 + 0.05 / other32, out
 
 
+def test_lamb_host_benchmark_times_the_gpu_step_without_launching_a_kernel():
+    """Each schedule's step with its kernels stubbed out: a launch the benchmark missed would fail on CPU tensors."""
+    out = run("lamb_host.py", "--config", "tiny_bert", "--steps", "3")
+    rows = {line.split()[0]: numbers(line) for line in out.splitlines() if line.startswith("  ")}
+    assert "38 tensors in 2 groups" in out and set(rows) == {"two_pass", "pipelined", "the"}
+    assert rows["two_pass"][0] > 0 and rows["pipelined"][0] > 0
+    assert (rows["the"] and rows["the"][0] > 0) or "not timed (Triton is not installed)" in out, out
+
+
 @pytest.mark.slow  # ~60 s on the shared 2-core CPU
 def test_optimizer_step_prints_lamb_against_fused_adamw():
     out = run("optimizer_step.py", "--config", "tiny_bert", "--rounds", "2", "--per-parameter")

@@ -46,16 +46,18 @@ class Lamb(torch.optim.Optimizer):
             raise RuntimeError("Lamb does not support sparse gradients.")
         states = [self._state(p) for p in params]
         steps = [s["step"] for s in states]
-        torch._foreach_add_(steps, 1)
         grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native else None
+        counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
+        if not counts_steps:
+            torch._foreach_add_(steps, 1)
         if kernel is not None:
             kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
                                group["eps"], group["weight_decay"], found_inf)
-            if found_inf is not None:  # the kernel changed nothing; undo the count
+            if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
         updates = [self._scratch_for(p) for p in params]

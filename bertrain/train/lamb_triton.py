@@ -72,26 +72,28 @@ def builds(device: torch.device) -> bool:
 
 def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
                 beta1: float, beta2: float, eps: float, weight_decay: float, found_inf: torch.Tensor | None) -> None:
-    """One LAMB update (steps already counted), as lamb_native.lamb_update; no host read of a device value."""
+    """One LAMB update, as lamb_native.lamb_update except that a kernel counts the steps (float32 scalars, where
+    found_inf is 0) and computes their bias corrections: no host read of a device value, and none of the host time
+    of torch ops over a list of scalars."""
     device = params[0].device
     chunk_tensor, chunk_start, numels, first_chunk, chunk_count = _layout(device, tuple(p.numel() for p in params))
-    addresses = _addresses(device, grads, exp_avgs, exp_avg_sqs, params)
-    corrections = bias_corrections(steps, beta1, beta2)
+    addresses = _addresses(device, grads, exp_avgs, exp_avg_sqs, params, steps)
+    corrections = torch.empty(len(params), 2, dtype=torch.float32, device=device)
     if found_inf is None:
         found_inf = torch.zeros((), dtype=torch.float32, device=device)
     chunks = chunk_tensor.numel()
     partials = torch.empty(chunks, 2, dtype=torch.float32, device=device)
     scales = torch.empty(len(params), dtype=torch.float32, device=device)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        _count_steps[(len(params),)](addresses, _betas(device, beta1, beta2), found_inf, corrections, num_warps=1)
         if SCHEDULE == "pipelined":
             items, item_blocks, tensor_group, group_tensors = _pipeline(device, tuple(p.numel() for p in params),
                                                                         GROUP_BYTES)
             counters = torch.zeros(1 + len(params) + group_tensors.numel(), dtype=torch.int32, device=device)
             _pipelined[(min(items.numel(), _programs(device)),)](
                 addresses, items, item_blocks, items.numel(), chunk_tensor, chunk_start, numels, first_chunk,
-                chunk_count,
-                tensor_group, group_tensors, counters, len(params), corrections, found_inf, partials, scales, lr,
-                1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK, RATIO_BLOCK=RATIO_BLOCK,
+                chunk_count, tensor_group, group_tensors, counters, len(params), corrections, found_inf, partials,
+                scales, lr, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK, RATIO_BLOCK=RATIO_BLOCK,
                 num_warps=NUM_WARPS)
             return
         _moments_and_squares[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
@@ -102,15 +104,6 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
                           weight_decay, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
-def bias_corrections(steps: list[torch.Tensor], beta1: float, beta2: float) -> torch.Tensor:
-    """[tensors, 2] float32: 1 / (1 - beta1^t) and 1 / sqrt(1 - beta2^t), computed in float64 on the device as
-    lamb_native.c does (in float32, 1 - 0.999^t loses 3e-5 of its value)."""
-    counts = torch.stack(steps).to(torch.float64)
-    step_size = 1.0 / (1.0 - torch.pow(beta1, counts))
-    inverse_bc2_sqrt = torch.rsqrt(1.0 - torch.pow(beta2, counts))
-    return torch.stack([step_size, inverse_bc2_sqrt], dim=1).to(torch.float32)
-
-
 _layouts: dict[tuple, tuple[torch.Tensor, ...]] = {}
 _address_tables: dict[tuple[int, ...], torch.Tensor] = {}  # the last few, newest last
 KEPT_ADDRESS_TABLES = 8  # a few optimizers' groups
@@ -118,13 +111,14 @@ KEPT_ADDRESS_TABLES = 8  # a few optimizers' groups
 
 def _layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
     """Each program's tensor and first element, and each tensor's size, first program and program count (int64):
-    built once per list of sizes."""
+    built once per list of sizes. An empty tensor gets one block (nothing to write), so that both schedules treat
+    it as any other."""
     key = (device, sizes, BLOCK)
     if key not in _layouts:
         chunk_tensor, chunk_start, first_chunk, chunk_count = [], [], [], []
         for tensor, size in enumerate(sizes):
             first_chunk.append(len(chunk_tensor))
-            starts = range(0, size, BLOCK)
+            starts = range(0, max(size, 1), BLOCK)
             chunk_tensor += [tensor] * len(starts)
             chunk_start += starts
             chunk_count.append(len(starts))
@@ -142,8 +136,6 @@ def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) ->
     if key not in _layouts:
         groups, group, filled = [], [], 0
         for tensor, size in enumerate(sizes):
-            if size == 0:  # no block: nothing to wait for
-                continue
             group.append(tensor)
             filled += 12 * size  # exp_avg, exp_avg_sq and the weight, float32
             if filled >= group_bytes:
@@ -152,7 +144,7 @@ def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) ->
         groups += [group] if group else []
         first = [0]
         for size in sizes:
-            first.append(first[-1] + -(-size // BLOCK))
+            first.append(first[-1] + max(1, -(-size // BLOCK)))
         runs = [[(start, min(ITEM_BLOCKS, first[tensor + 1] - start)) for tensor in group
                  for start in range(first[tensor], first[tensor + 1], ITEM_BLOCKS)] for group in groups]
         order = []  # (group, pass)
@@ -177,7 +169,7 @@ def _programs(device: torch.device) -> int:
 
 
 def _addresses(device: torch.device, *tensor_lists: list[torch.Tensor]) -> torch.Tensor:
-    """[tensors, 4] int64 device table of grad, exp_avg, exp_avg_sq and param addresses. Gradients can move
+    """[tensors, 5] int64 device table of grad, exp_avg, exp_avg_sq, param and step addresses. Gradients can move
     between steps: a table is reused only for the same addresses."""
     values = tuple(t.data_ptr() for tensors in zip(*tensor_lists) for t in tensors)
     table = _address_tables.pop(values, None)
@@ -187,6 +179,18 @@ def _addresses(device: torch.device, *tensor_lists: list[torch.Tensor]) -> torch
             _address_tables.pop(next(iter(_address_tables)))
     _address_tables[values] = table
     return table
+
+
+_betas_on_device: dict[tuple, torch.Tensor] = {}
+
+
+def _betas(device: torch.device, beta1: float, beta2: float) -> torch.Tensor:
+    """[beta1, beta2] in float64 on the device, made once per value (Triton takes a float argument as float32)."""
+    key = (device, beta1, beta2)
+    if key not in _betas_on_device:
+        values = torch.tensor([beta1, beta2], dtype=torch.float64)
+        _betas_on_device[key] = values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values
+    return _betas_on_device[key]
 
 
 def _to_device(values, device: torch.device) -> torch.Tensor:
@@ -206,11 +210,41 @@ def _block(chunk, chunk_tensor, chunk_start, numels, found_inf, BLOCK: tl.conste
 
 
 @_jit
+def _address(addresses, tensor, column: tl.constexpr):
+    """The tensor's grad (0), exp_avg (1), exp_avg_sq (2), param (3) or step (4) pointer from the address table."""
+    return tl.load(addresses + 5 * tensor + column).to(tl.pointer_type(tl.float32))
+
+
+@_jit
 def _moment_and_param_addresses(addresses, tensor):
-    """The tensor's exp_avg, exp_avg_sq and param pointers from its row of the address table."""
-    return (tl.load(addresses + 4 * tensor + 1).to(tl.pointer_type(tl.float32)),
-            tl.load(addresses + 4 * tensor + 2).to(tl.pointer_type(tl.float32)),
-            tl.load(addresses + 4 * tensor + 3).to(tl.pointer_type(tl.float32)))
+    """The tensor's exp_avg, exp_avg_sq and param pointers."""
+    return _address(addresses, tensor, 1), _address(addresses, tensor, 2), _address(addresses, tensor, 3)
+
+
+@_jit
+def _power(base, exponent):
+    """base^exponent (float64, exponent an integer >= 0) by repeated squaring: Triton has no float64 pow on every
+    backend, and its interpreter runs this too."""
+    result = base * 0.0 + 1.0
+    while exponent > 0:
+        result = tl.where(exponent % 2 == 1, result * base, result)
+        base = base * base
+        exponent = exponent // 2
+    return result
+
+
+@_jit
+def _count_steps(addresses, betas, found_inf, corrections):
+    """Before the passes, one program per tensor: Adam's bias corrections at the new step t, 1 / (1 - beta1^t) and
+    1 / sqrt(1 - beta2^t), in float64 as lamb_native.c (in float32, 1 - 0.999^t loses 3e-5 of its value), then
+    float32; and the step counted where found_inf is 0."""
+    tensor = tl.program_id(0)
+    step = _address(addresses, tensor, 4)
+    count = tl.load(step) + 1.0
+    exponent = count.to(tl.int64)
+    tl.store(corrections + 2 * tensor, (1.0 / (1.0 - _power(tl.load(betas), exponent))).to(tl.float32))
+    tl.store(corrections + 2 * tensor + 1, (1.0 / tl.sqrt(1.0 - _power(tl.load(betas + 1), exponent))).to(tl.float32))
+    tl.store(step, tl.where(tl.load(found_inf) == 0, count, count - 1.0))
 
 
 @_jit
@@ -229,7 +263,7 @@ def _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, 
     Returns the block's tensor."""
     tensor, offsets, inside, keep = _block(chunk, chunk_tensor, chunk_start, numels, found_inf, BLOCK)
     exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
-    grad = tl.load(addresses + 4 * tensor).to(tl.pointer_type(tl.float32))
+    grad = _address(addresses, tensor, 0)
     g = tl.load(grad + offsets, mask=inside, other=0.0, eviction_policy="evict_first")  # not read again
     m = tl.load(exp_avg + offsets, mask=inside, other=0.0)
     v = tl.load(exp_avg_sq + offsets, mask=inside, other=0.0)
@@ -245,8 +279,7 @@ def _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, 
 
 
 @_jit
-def _scale(tensor, partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK: tl.constexpr,
-           CACHE: tl.constexpr):
+def _scale(tensor, partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK: tl.constexpr, CACHE: tl.constexpr):
     """The tensor's blocks' sums in a fixed order (float64; deterministic), then
     scale = lr * ||w|| / ||update|| (lr where a norm is 0)."""
     first = tl.load(first_chunk + tensor)

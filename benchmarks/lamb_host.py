@@ -1,0 +1,84 @@
+"""Host time of LAMB's GPU step (lamb.py + lamb_triton.py), measured on any machine: the kernels' launches
+replaced by no-ops and the eligibility check passed, on one-row tensors as many as a shipped config has in its
+two parameter groups. In the optimizer-alone benchmark the step is launch-bound when this nears its device time
+(H200, bert_base: 1.34 ms of host time against ~1.4 ms of device time); in training the host runs ahead. Prints
+ms per step for each schedule, and the eligibility check's own ms, which this leaves out.
+
+    python benchmarks/lamb_host.py --config bert_base
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from unittest import mock
+
+import torch
+
+from bertrain.config import load_config
+from bertrain.model import build_model
+from bertrain.train import lamb_triton
+from bertrain.train.lamb import Lamb
+from bertrain.train.optim import parameter_groups
+
+KERNELS = ("_count_steps", "_moments_and_squares", "_trust_ratios", "_apply", "_pipelined")
+
+
+class NoLaunch:
+    """A Triton kernel whose launch does nothing: kernel[grid](...)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def stand_in_groups(config: str) -> list[dict]:
+    """The config's parameter groups (same counts, same settings), each tensor one row of 4 with a gradient."""
+    model = build_model(load_config(config, ["model.vocab_size=30522"]).model)
+    groups = []
+    for group in parameter_groups(model, 0.01):
+        params = [torch.zeros(4, requires_grad=True) for _ in group["params"]]
+        for param in params:
+            param.grad = torch.zeros(4)
+        groups.append(dict({k: v for k, v in group.items() if k not in ("names", "params")}, params=params))
+    return groups
+
+
+def host_ms(step, steps: int) -> float:
+    for _ in range(5):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="bert_base")
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    groups = stand_in_groups(args.config)
+    tensors = [t for g in groups for p in g["params"] for t in (p, p.grad, p, p, p)]  # as many as the check sees
+    with mock.patch.dict(os.environ, TRITON_INTERPRET="1"):  # the check then looks at every tensor, as on a GPU
+        check_ms = host_ms(lambda: lamb_triton.eligible(tensors), args.steps) if lamb_triton.triton else None
+    optimizer = Lamb(groups, lr=1e-3)
+    optimizer.found_inf = torch.zeros(())
+    print(f"{args.config}: {sum(len(g['params']) for g in groups)} tensors in {len(groups)} groups; host ms per "
+          f"LAMB step, kernels not launched")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(lamb_triton, "eligible", lambda tensors: True))
+        stack.enter_context(mock.patch.object(lamb_triton, "builds", lambda device: True))
+        for name in KERNELS:  # those of this commit (an older one lacks some)
+            if hasattr(lamb_triton, name):
+                stack.enter_context(mock.patch.object(lamb_triton, name, NoLaunch()))
+        for schedule in lamb_triton.SCHEDULES:
+            with mock.patch.object(lamb_triton, "SCHEDULE", schedule):
+                print(f"  {schedule:<10} {host_ms(optimizer.step, args.steps):.3f} ms")
+    print("  the eligibility check, left out above: " + (f"{check_ms:.3f} ms" if check_ms is not None else
+                                                          "not timed (Triton is not installed)"))
+
+
+if __name__ == "__main__":
+    main()
