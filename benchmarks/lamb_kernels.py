@@ -135,6 +135,12 @@ def main() -> None:
     weights = {}
     for config in configs:  # each row written when measured: a configuration that hangs costs only the ones after
         name = label(config)
+        with configured(config):
+            built = own_kernel(params) is lamb_triton  # else it warned, and LAMB would time its torch ops
+        if not built:
+            print(f"{name:<52} did not build: not timed", flush=True)
+            write(args.results, dict(config, config=name, error="did not build", parameters_of=args.config))
+            continue
         weights[name] = weights_after(start, grads, config)
 
         def step(config=config):
@@ -154,9 +160,14 @@ def main() -> None:
         print(f"{name:<52} {ms:>9.3f} {row['device_ratio']:>7.2f}x {row['wall_ms']:>8.3f} {row['wall_ratio']:>7.2f}x  "
               f"{row['vs_default']:.1e} of the default's change{same}"
               + ("" if row["host_ahead"] else "  (host-bound: the device caught up)"), flush=True)
-        if args.results:
-            with open(args.results, "a") as handle:
-                handle.write(json.dumps(dict(row, parameters_of=args.config)) + "\n")
+        write(args.results, dict(row, parameters_of=args.config))
+
+
+def write(results: str | None, row: dict) -> None:
+    """Append the row to the results file as a JSON line (none without --results)."""
+    if results:
+        with open(results, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -161,7 +161,8 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                                            ("pipelined 4096x8, 8 MB groups", 1.12, True,
                                                             dict(same_as_two_pass=True)),
                                                            ("pipelined 2048x8, 4 MB groups", 1.05, False,
-                                                            dict(same_as_two_pass=False)))],
+                                                            dict(same_as_two_pass=False)))]
+            + [dict(config="two_pass 1024x4", parameters_of="bert_base", error="did not build")],
             "5": pretrain[4:], "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
                                           if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
             "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=40.96,
@@ -199,7 +200,8 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     kernels = table_rows(report, "**LAMB's kernel configurations**")
     assert [(row[0], row[6], row[7]) for row in kernels] == [("two_pass 4096x8", "", "yes"), (
         "pipelined 4096x8, 8 MB groups", "bitwise", "yes"), ("pipelined 2048x8, 4 MB groups", "**differ**",
-                                                          "no: host-bound")]
+                                                          "no: host-bound"), ("two_pass 1024x4", "", "")]
+    assert kernels[-1][1] == "**did not build**"
     # per 1M real tokens: GEMM 28.16 ms / 12,800 tokens = 2,200.0 against 32.768 / 16,384 = 2,000.0; the loop's
     # clipping has no bare counterpart; steps: 60 ms (part 2) and 50 ms (part 1's 0.05 s), less the ops' time
     loop = {row[0]: row[1:] for row in table_rows(report, "**The loop's step against the bare step.**")}
