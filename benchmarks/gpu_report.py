@@ -191,7 +191,7 @@ def lamb_kernels(results) -> list[str]:
     same = {True: "bitwise", False: "**differ**"}
     body = [[r["config"], f"**{r['error']}**", "", "", "", "", "", ""] if "error" in r else
             [r["config"], fmt(r["device_ms"], ".3f"), fmt(r["device_ratio"], ".2f", "x"), fmt(r["wall_ms"], ".3f"),
-             fmt(r["wall_ratio"], ".2f", "x"), fmt(r["vs_default"], ".1e"), same.get(r.get("same_as_two_pass"), ""),
+             fmt(r["wall_ratio"], ".2f", "x"), fmt(r.get("vs_default"), ".1e"), same.get(r.get("same_as_two_pass"), ""),
              "yes" if r["host_ahead"] else "no: host-bound"] for r in rows]
     return ["", f"**LAMB's kernel configurations** (`lamb_kernels.py`, {rows[0]['parameters_of']}'s parameters): "
             "device ms per step with the host ahead (as in training, where the forward and backward keep the device "

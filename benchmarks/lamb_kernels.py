@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 
 import torch
 from model_step import synchronize, time_alternating
@@ -133,17 +134,15 @@ def main() -> None:
           f"ahead, {steps} steps; wall ms: medians of rounds alternated with fused AdamW's")
     print(f"{'configuration':<52} {'device ms':>9} {'/ AdamW':>8} {'wall ms':>8} {'/ AdamW':>8}  weights")
     weights = {}
-    for config in configs:  # each row written when measured: a configuration that hangs costs only the ones after
-        name = label(config)
+
+    def measure(config: dict, name: str) -> dict:
+        """The configuration's row: its weights against the default's, then its device and wall times."""
         with configured(config):
-            built = own_kernel(params) is lamb_triton  # else it warned, and LAMB would time its torch ops
-        if not built:
-            print(f"{name:<52} did not build: not timed", flush=True)
-            write(args.results, dict(config, config=name, error="did not build", parameters_of=args.config))
-            continue
+            if own_kernel(params) is not lamb_triton:  # it warned; LAMB would time its torch ops under this name
+                return dict(config, config=name, error="did not build")
         weights[name] = weights_after(start, grads, config)
 
-        def step(config=config):
+        def step():
             with configured(config):
                 lamb.step()
         walls = time_alternating({"adamw": adamw.step, name: step}, 1 if args.quick else args.rounds,
@@ -151,17 +150,29 @@ def main() -> None:
         (adamw_ms, adamw_ahead), (ms, ahead) = (device_ms(f, device, steps) for f in (adamw.step, step))
         row = dict(config, config=name, device_ms=ms, adamw_device_ms=adamw_ms, device_ratio=ms / adamw_ms,
                    wall_ms=1e3 * walls[name], adamw_wall_ms=1e3 * walls["adamw"],
-                   wall_ratio=walls[name] / walls["adamw"], host_ahead=ahead and adamw_ahead,
-                   vs_default=difference(weights[name], weights[label(DEFAULT)], start))
+                   wall_ratio=walls[name] / walls["adamw"], host_ahead=ahead and adamw_ahead)
+        if label(DEFAULT) in weights:
+            row["vs_default"] = difference(weights[name], weights[label(DEFAULT)], start)
         two_pass = label(dict(config, schedule="two_pass"))
         if config["schedule"] == "pipelined" and two_pass in weights:
             row["same_as_two_pass"] = all(torch.equal(a, b) for a, b in zip(weights[name], weights[two_pass]))
-        same = {True: ", bitwise = two-pass", False: ", differ from two-pass"}.get(row.get("same_as_two_pass"), "")
-        print(f"{name:<52} {ms:>9.3f} {row['device_ratio']:>7.2f}x {row['wall_ms']:>8.3f} {row['wall_ratio']:>7.2f}x  "
-              f"{row['vs_default']:.1e} of the default's change{same}"
-              + ("" if row["host_ahead"] else "  (host-bound: the device caught up)"), flush=True)
-        write(args.results, dict(row, parameters_of=args.config))
+        return row
 
+    for config in configs:  # each row written when measured: a configuration that hangs costs only the ones after
+        name = label(config)
+        try:
+            row = measure(config, name)
+        except Exception as error:  # noqa: BLE001 - one configuration's failure is its row's, not the others'
+            traceback.print_exc()
+            row = dict(config, config=name, error=f"failed: {type(error).__name__}: {error}"[:200])
+        if "error" in row:
+            print(f"{name:<52} {row['error']}", flush=True)
+        else:
+            same = {True: ", bitwise = two-pass", False: ", differ from two-pass"}.get(row.get("same_as_two_pass"), "")
+            print(f"{name:<52} {row['device_ms']:>9.3f} {row['device_ratio']:>7.2f}x {row['wall_ms']:>8.3f} "
+                  f"{row['wall_ratio']:>7.2f}x  {row.get('vs_default', float('nan')):.1e} of the default's change{same}"
+                  + ("" if row["host_ahead"] else "  (host-bound: the device caught up)"), flush=True)
+        write(args.results, dict(row, parameters_of=args.config))
 
 def write(results: str | None, row: dict) -> None:
     """Append the row to the results file as a JSON line (none without --results)."""

@@ -46,16 +46,17 @@ def eligible(tensors: list[torch.Tensor]) -> bool:
                     for t in tensors))
 
 
-_builds: dict[tuple[torch.device, str], bool] = {}
+_builds: dict[tuple, bool] = {}
 
 
 def builds(device: torch.device) -> bool:
-    """Whether the kernels of SCHEDULE compile and run on `device`: tried once, on scratch tensors, so that a
-    Triton version they do not suit costs a warning and the torch ops' speed, not a training run."""
+    """Whether the kernels of SCHEDULE, BLOCK and NUM_WARPS compile and run on `device`: tried once, on scratch
+    tensors, so that a Triton version they do not suit costs a warning and the torch ops' speed, not a training
+    run."""
     if SCHEDULE not in SCHEDULES:
         raise UsageError(f"BERTRAIN_LAMB_SCHEDULE={SCHEDULE!r} is not a schedule of LAMB's GPU kernel: set "
                          f"{' or '.join(SCHEDULES)}, or unset it (two_pass).")
-    key = (device, SCHEDULE)
+    key = (device, SCHEDULE, BLOCK, NUM_WARPS)
     if key not in _builds:
         try:
             params, grads, exp_avgs, exp_avg_sqs = ([torch.rand(n, device=device) for n in (5, BLOCK + 3)]
