@@ -24,19 +24,27 @@ import torch
 from model_step import synchronize, time_alternating
 
 DEFAULT = dict(schedule="two_pass", block=4096, warps=8)
-CONFIGS = [DEFAULT, dict(schedule="two_pass", block=2048, warps=8), dict(schedule="two_pass", block=1024, warps=4),
-           dict(schedule="two_pass", block=4096, warps=16)] + [
-    dict(schedule="pipelined", block=block, warps=warps, group_mb=group_mb, items=items)
-    for block, warps, group_mb, items in ((4096, 8, 8, 1), (4096, 8, 8, 4), (2048, 8, 4, 4), (2048, 8, 8, 4),
-                                          (2048, 8, 16, 4))]
-QUICK_CONFIGS = [DEFAULT, dict(schedule="pipelined", block=4096, warps=8, group_mb=1, items=2)]
+
+
+def pipelined(block: int, warps: int, group_mb: int, items: int) -> dict:
+    """A pipelined configuration: block x warps, group size in MB, blocks an item."""
+    return dict(schedule="pipelined", block=block, warps=warps, group_mb=group_mb, items=items)
+
+
+# most telling first (a command cut short keeps the rows before): each pipelined row after the two-pass row at its
+# block and warps, which its weights are compared with bitwise
+CONFIGS = [DEFAULT, pipelined(4096, 8, 8, 4), dict(schedule="two_pass", block=2048, warps=8), pipelined(2048, 8, 8, 4),
+           pipelined(4096, 8, 8, 1), pipelined(2048, 8, 4, 4), pipelined(2048, 8, 16, 4),
+           dict(schedule="two_pass", block=1024, warps=4), dict(schedule="two_pass", block=4096, warps=16)]
+QUICK_CONFIGS = [DEFAULT, pipelined(4096, 8, 1, 2)]
 SLEEP_CYCLES = 400_000_000  # the device's head start: 0.2-0.3 s at 1.4-2 GHz, against ~40 ms of queuing
 
 
 def label(config: dict) -> str:
-    pipelined = config["schedule"] == "pipelined"
-    groups = f", {config['group_mb']} MB groups, {config['items']} blocks an item" if pipelined else ""
-    return f"{config['schedule']} {config['block']}x{config['warps']}{groups}"
+    name = f"{config['schedule']} {config['block']}x{config['warps']}"
+    if config["schedule"] != "pipelined":
+        return name
+    return f"{name}, {config['group_mb']} MB groups, {config['items']} block{'s' * (config['items'] > 1)} an item"
 
 
 @contextlib.contextmanager
@@ -46,9 +54,9 @@ def configured(config: dict):
 
     names = ("SCHEDULE", "BLOCK", "NUM_WARPS", "GROUP_BYTES", "ITEM_BLOCKS")
     saved = [getattr(lamb_triton, name) for name in names]
-    pipelined = config["schedule"] == "pipelined"
+    grouped = config["schedule"] == "pipelined"
     values = (config["schedule"], config["block"], config["warps"],
-              config["group_mb"] * 2**20 if pipelined else saved[3], config["items"] if pipelined else saved[4])
+              config["group_mb"] * 2**20 if grouped else saved[3], config["items"] if grouped else saved[4])
     for name, value in zip(names, values):
         setattr(lamb_triton, name, value)
     try:
