@@ -8,6 +8,7 @@ Triton's interpreter (TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import warnings
 
@@ -76,8 +77,8 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     """One LAMB update, as lamb_native.lamb_update except that a kernel counts the steps (float32 scalars, where
     found_inf is 0) and computes their bias corrections: no host read of a device value, and none of the host time
     of torch ops over a list of scalars."""
-    device = params[0].device
-    chunk_tensor, chunk_start, numels, first_chunk, chunk_count = _layout(device, tuple(p.numel() for p in params))
+    device, sizes = params[0].device, tuple(p.numel() for p in params)
+    chunk_tensor, chunk_start, numels, first_chunk, chunk_count = _layout(device, sizes)
     addresses = _addresses(device, grads, exp_avgs, exp_avg_sqs, params, steps)
     corrections = torch.empty(len(params), 2, dtype=torch.float32, device=device)
     if found_inf is None:
@@ -88,8 +89,7 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _count_steps[(len(params),)](addresses, _betas(device, beta1, beta2), found_inf, corrections, num_warps=1)
         if SCHEDULE == "pipelined":
-            items, item_blocks, tensor_group, group_tensors = _pipeline(device, tuple(p.numel() for p in params),
-                                                                        GROUP_BYTES)
+            items, item_blocks, tensor_group, group_tensors = _pipeline(device, sizes, GROUP_BYTES)
             counters = torch.zeros(1 + len(params) + group_tensors.numel(), dtype=torch.int32, device=device)
             _pipelined[(min(items.numel(), _programs(device)),)](
                 addresses, items, item_blocks, items.numel(), chunk_tensor, chunk_start, numels, first_chunk,
@@ -112,20 +112,22 @@ KEPT_ADDRESS_TABLES = 8  # a few optimizers' groups
 
 def _layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
     """Each program's tensor and first element, and each tensor's size, first program and program count (int64):
-    built once per list of sizes. An empty tensor gets one block (nothing to write), so that both schedules treat
-    it as any other."""
+    built once per list of sizes."""
     key = (device, sizes, BLOCK)
     if key not in _layouts:
-        chunk_tensor, chunk_start, first_chunk, chunk_count = [], [], [], []
-        for tensor, size in enumerate(sizes):
-            first_chunk.append(len(chunk_tensor))
-            starts = range(0, max(size, 1), BLOCK)
-            chunk_tensor += [tensor] * len(starts)
-            chunk_start += starts
-            chunk_count.append(len(starts))
+        chunk_count = _block_counts(sizes)
+        first_chunk = list(itertools.accumulate(chunk_count, initial=0))[:-1]
+        chunk_tensor = [tensor for tensor, count in enumerate(chunk_count) for _ in range(count)]
+        chunk_start = [start for count in chunk_count for start in range(0, count * BLOCK, BLOCK)]
         _layouts[key] = tuple(_to_device(values, device)
                               for values in (chunk_tensor, chunk_start, sizes, first_chunk, chunk_count))
     return _layouts[key]
+
+
+def _block_counts(sizes: tuple[int, ...]) -> list[int]:
+    """Blocks per tensor; an empty tensor gets one (nothing to write), so that both schedules treat it as any
+    other."""
+    return [max(1, -(-size // BLOCK)) for size in sizes]
 
 
 def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) -> tuple[torch.Tensor, ...]:
@@ -143,9 +145,7 @@ def _pipeline(device: torch.device, sizes: tuple[int, ...], group_bytes: int) ->
                 groups.append(group)
                 group, filled = [], 0
         groups += [group] if group else []
-        first = [0]
-        for size in sizes:
-            first.append(first[-1] + max(1, -(-size // BLOCK)))
+        first = list(itertools.accumulate(_block_counts(sizes), initial=0))
         runs = [[(start, min(ITEM_BLOCKS, first[tensor + 1] - start)) for tensor in group
                  for start in range(first[tensor], first[tensor + 1], ITEM_BLOCKS)] for group in groups]
         order = []  # (group, pass)
@@ -189,14 +189,13 @@ def _betas(device: torch.device, beta1: float, beta2: float) -> torch.Tensor:
     """[beta1, beta2] in float64 on the device, made once per value (Triton takes a float argument as float32)."""
     key = (device, beta1, beta2)
     if key not in _betas_on_device:
-        values = torch.tensor([beta1, beta2], dtype=torch.float64)
-        _betas_on_device[key] = values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values
+        _betas_on_device[key] = _to_device([beta1, beta2], device, torch.float64)
     return _betas_on_device[key]
 
 
-def _to_device(values, device: torch.device) -> torch.Tensor:
-    """int64 values on the device, copied from pinned memory: no host wait."""
-    table = torch.tensor(values, dtype=torch.int64)
+def _to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Values (int64 unless said) on the device, copied from pinned memory: no host wait."""
+    table = torch.tensor(values, dtype=dtype)
     return table.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else table
 
 
