@@ -232,10 +232,14 @@ def kernel_vs_torch_ops(groups: list[dict], device: torch.device, steps: int = 3
             for param, grad in zip((p for g in copies[native] for p in g["params"]), grads):
                 param.grad = grad.clone()
             optimizer.step()
-    pairs = list(zip((p.detach() for g in copies[True] for p in g["params"]),
-                     (p.detach() for g in copies[False] for p in g["params"]), (w for g in start for w in g)))
-    moved = max(float((reference - first).abs().max()) for _, reference, first in pairs)
-    return max(float((kernel - reference).abs().max()) for kernel, reference, _ in pairs) / moved
+    return relative_difference([p.detach() for g in copies[True] for p in g["params"]],
+                               [p.detach() for g in copies[False] for p in g["params"]], [w for g in start for w in g])
+
+
+def relative_difference(weights: list[torch.Tensor], reference: list[torch.Tensor], start: list[torch.Tensor]) -> float:
+    """Largest |w - w_reference| over the largest weight change of the reference from `start`."""
+    moved = max(float((r - s).abs().max()) for r, s in zip(reference, start))
+    return max(float((w - r).abs().max()) for w, r in zip(weights, reference)) / moved
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

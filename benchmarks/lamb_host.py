@@ -2,7 +2,8 @@
 replaced by no-ops and the eligibility check passed, on one-row tensors as many as a shipped config has in its
 two parameter groups. In the optimizer-alone benchmark the step is launch-bound when this nears its device time
 (H200, bert_base: 1.34 ms of host time against ~1.4 ms of device time); in training the host runs ahead. Prints
-ms per step for each schedule, and the eligibility check's own ms, which this leaves out.
+ms per step for each schedule (medians of alternated rounds), and the eligibility check's own ms, which
+this leaves out.
 
     python benchmarks/lamb_host.py --config bert_base
 """
@@ -12,10 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import time
 from unittest import mock
 
 import torch
+from model_step import time_alternating
 
 from bertrain.config import load_config
 from bertrain.model import build_model
@@ -45,24 +46,25 @@ def stand_in_groups(config: str) -> list[dict]:
     return groups
 
 
-def host_ms(step, steps: int) -> float:
-    for _ in range(5):
+def with_schedule(step, schedule: str):
+    """`step` under lamb_triton's SCHEDULE `schedule`."""
+    def run() -> None:
+        lamb_triton.SCHEDULE = schedule
         step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return 1e3 * (time.perf_counter() - start) / steps
+    return run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="bert_base")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=40, help="Steps per round.")
     args = parser.parse_args()
     groups = stand_in_groups(args.config)
     tensors = [t for g in groups for p in g["params"] for t in (p, p.grad, p, p, p)]  # as many as the check sees
     with mock.patch.dict(os.environ, TRITON_INTERPRET="1"):  # the check then looks at every tensor, as on a GPU
-        check_ms = host_ms(lambda: lamb_triton.eligible(tensors), args.steps) if lamb_triton.triton else None
+        check_ms = 1e3 * time_alternating({"check": lambda: lamb_triton.eligible(tensors)}, args.rounds,
+                                          args.steps)["check"] if lamb_triton.triton else None
     optimizer = Lamb(groups, lr=1e-3)
     optimizer.found_inf = torch.zeros(())
     print(f"{args.config}: {sum(len(g['params']) for g in groups)} tensors in {len(groups)} groups; host ms per "
@@ -73,9 +75,11 @@ def main() -> None:
         for name in KERNELS:  # those of this commit (an older one lacks some)
             if hasattr(lamb_triton, name):
                 stack.enter_context(mock.patch.object(lamb_triton, name, NoLaunch()))
-        for schedule in lamb_triton.SCHEDULES:
-            with mock.patch.object(lamb_triton, "SCHEDULE", schedule):
-                print(f"  {schedule:<10} {host_ms(optimizer.step, args.steps):.3f} ms")
+        stack.enter_context(mock.patch.object(lamb_triton, "SCHEDULE", lamb_triton.SCHEDULE))  # restored after
+        medians = time_alternating({schedule: with_schedule(optimizer.step, schedule)
+                                    for schedule in lamb_triton.SCHEDULES}, args.rounds, args.steps)
+        for schedule, seconds in medians.items():
+            print(f"  {schedule:<10} {1e3 * seconds:.3f} ms")
     print("  the eligibility check, left out above: " + (f"{check_ms:.3f} ms" if check_ms is not None else
                                                           "not timed (Triton is not installed)"))
 

@@ -21,6 +21,7 @@ import sys
 import traceback
 
 import torch
+from gpu_checks import relative_difference
 from model_step import synchronize, time_alternating
 
 DEFAULT = dict(schedule="two_pass", block=4096, warps=8)
@@ -78,12 +79,6 @@ def weights_after(start: list[torch.Tensor], grads: list[list[torch.Tensor]], co
                 param.grad = grad.clone()
             optimizer.step()
     return [p.detach() for p in params]
-
-
-def difference(weights: list[torch.Tensor], reference: list[torch.Tensor], start: list[torch.Tensor]) -> float:
-    """Largest |w - w_reference| over the largest weight change of the reference."""
-    moved = max(float((r - s).abs().max()) for r, s in zip(reference, start))
-    return max(float((w - r).abs().max()) for w, r in zip(weights, reference)) / moved
 
 
 def device_ms(step, device: torch.device, steps: int) -> tuple[float, bool]:
@@ -160,7 +155,7 @@ def main() -> None:
                    wall_ms=1e3 * walls[name], adamw_wall_ms=1e3 * walls["adamw"],
                    wall_ratio=walls[name] / walls["adamw"], host_ahead=ahead and adamw_ahead)
         if label(DEFAULT) in weights:
-            row["vs_default"] = difference(weights[name], weights[label(DEFAULT)], start)
+            row["vs_default"] = relative_difference(weights[name], weights[label(DEFAULT)], start)
         two_pass = label(dict(config, schedule="two_pass"))
         if config["schedule"] == "pipelined" and two_pass in weights:
             row["same_as_two_pass"] = all(torch.equal(a, b) for a, b in zip(weights[name], weights[two_pass]))
