@@ -112,9 +112,9 @@ def run_pretrain(config: Path, data: Path, run_dir: Path, *args: str, nproc: int
     if nproc == 1:
         launcher = [sys.executable, "-m", "bertrain"]
     else:
-        port = str(29500 + (os.getpid() % 400) + hash(str(run_dir)) % 90)
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                    "--master_port", port, "-m", "bertrain"]
+        # --standalone: a free port (tests run in parallel, under pytest-xdist), as `bertrain launch --nproc` does
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                    "-m", "bertrain"]
     return subprocess.run(launcher + command, env=env or pretrain_env(), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
