@@ -140,6 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="Steps per timed run (default: 2 at hidden size >= 768, else 8).")
     parser.add_argument("--hidden-dropout", type=float, default=0.1)
     parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--no-bf16", action="store_true", help="Skip the bf16 autocast run at bert-base.")
@@ -185,7 +187,8 @@ def main() -> None:
         steps_by_name["gemm", False] = gemm32
         if True in precisions:  # the emulated bf16 GEMM alone takes minutes per round on an AVX2-only CPU
             steps_by_name["gemm", True] = gemm16
-        medians = time_alternating(steps_by_name, args.rounds, 2 if SHAPES[name][1] >= 768 else 8)
+        repeats = args.repeats or (2 if SHAPES[name][1] >= 768 else 8)
+        medians = time_alternating(steps_by_name, args.rounds, repeats)
         n_masked = int((batch["labels"] != IGNORE_INDEX).sum())
         for bf16 in precisions:
             t_ours, t_theirs = medians[("ours", bf16)], medians[("hf", bf16)]
