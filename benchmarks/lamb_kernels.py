@@ -177,6 +177,7 @@ def main() -> None:
                   + ("" if row["host_ahead"] else "  (host-bound: the device caught up)"), flush=True)
         write(args.results, dict(row, parameters_of=args.config))
 
+
 def write(results: str | None, row: dict) -> None:
     """Append the row to the results file as a JSON line (none without --results)."""
     if results:

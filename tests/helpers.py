@@ -108,15 +108,13 @@ def assert_rounding_close(actual, expected, reduction_length: int, steps: int = 
 def run_pretrain(config: Path, data: Path, run_dir: Path, *args: str, nproc: int = 1, env: dict | None = None,
                  timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m bertrain pretrain ...` (or torchrun with `nproc` processes) in a subprocess."""
+    from bertrain.cli.launch_commands import torchrun_command
+
     command = ["pretrain", "--config", str(config), "--data", str(data), "--run-dir", str(run_dir), *args]
-    if nproc == 1:
-        launcher = [sys.executable, "-m", "bertrain"]
-    else:
-        # --standalone: a free port (tests run in parallel, under pytest-xdist), as `bertrain launch --nproc` does
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                    "-m", "bertrain"]
-    return subprocess.run(launcher + command, env=env or pretrain_env(), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    # torchrun as `bertrain launch --nproc` starts it: on a free port (tests run in parallel, under pytest-xdist)
+    command = [sys.executable, "-m", "bertrain", *command] if nproc == 1 else torchrun_command(nproc, command)
+    return subprocess.run(command, env=env or pretrain_env(), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
 
 
 def config_help(key: str) -> str:

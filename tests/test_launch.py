@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bertrain.cli.launch_commands import torchrun_command
 from bertrain.exit_status import STATUS_DIR_ENV, WorkerExit, combine_exit_codes, read_exits, record_exit
 from bertrain.train.parent_watch import watch_parent
 from tests.helpers import ROOT, default_ctrl_c, explain, pretrain_env, write_config
@@ -273,8 +274,7 @@ def test_parent_watch_is_off_outside_a_launcher(monkeypatch):
 
 
 def torchrun(*bertrain_args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "bertrain",
-            *bertrain_args]
+    return torchrun_command(2, list(bertrain_args))
 
 
 @pytest.fixture(scope="module")
