@@ -137,6 +137,7 @@ def test_python_words_are_python():
 
 
 @pytest.mark.slow
+@pytest.mark.run_first
 def test_demo_end_to_end_shows_learning(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", COLUMNS="250")
