@@ -158,6 +158,30 @@ def test_fill_mask_equals_the_transformers_pipeline(exported):
             assert_rounding_close([r["score"] for r in ours], [r["score"] for r in theirs], **rounding(model))
 
 
+def test_export_and_fill_mask_do_not_repeat_the_runs_config_warnings(exported, tmp_path, run_cli, monkeypatch):
+    """A finished run's config warnings (e.g. warmup longer than the run) were said when it trained."""
+    import warnings
+
+    from bertrain.config import ConfigWarning, load
+
+    validate = load.validate
+
+    def warning_validate(config):
+        validate(config)
+        warnings.warn("optim.warmup_steps is longer than the run", ConfigWarning)
+
+    monkeypatch.setattr(load, "validate", warning_validate)
+    _, _, _, _, run_dir = exported
+    for args in (("export", str(run_dir), str(tmp_path / "out")), ("fill-mask", str(run_dir), TEXTS[0])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code, out, err = run_cli(*args)
+        assert code == 0, err
+        assert not [w for w in caught if issubclass(w.category, ConfigWarning)] and "warmup" not in err, args
+    with pytest.warns(ConfigWarning, match="warmup"):  # the patch itself works: a config loaded to train warns
+        load.load_config("tiny_bert")
+
+
 @pytest.mark.cross_path
 def test_export_of_a_run_dir_takes_the_newest_complete_checkpoint(exported, tmp_path, run_cli):
     kind, model, _, _, run_dir = exported

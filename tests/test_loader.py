@@ -251,3 +251,21 @@ def test_worker_count(setting, device, cores, local, expected, monkeypatch):
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
     assert worker_count(setting, device) == expected
+
+
+def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes_over_it(tmp_path):
+    """A raw file or folder given as --data is sent to `prepare --source`, an unfinished prepare to its rerun."""
+    from bertrain.data.format import PREPARE_WORK
+    from bertrain.errors import DataError
+
+    raw = tmp_path / "corpus.jsonl"
+    raw.write_text('{"text": "A sentence."}\n')
+    with pytest.raises(DataError, match=r"is a file, not a prepared DATA_DIR.*--source .*corpus.jsonl --out DATA_DIR"):
+        open_prepared(raw)
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    with pytest.raises(DataError, match=r"not a prepared DATA_DIR.*--source .*texts --out DATA_DIR"):
+        open_prepared(folder)
+    (folder / PREPARE_WORK).mkdir()
+    with pytest.raises(DataError, match="did not finish.*Run the same prepare command again"):
+        open_prepared(folder)

@@ -329,3 +329,21 @@ def test_a_run_whose_launcher_is_killed_9_saves_and_stops(tmp_path, tiny_data):
     assert "stopped by SIGTERM" in text, text
     [checkpoint] = rundir.iter_checkpoints(run_dir)  # the signal's checkpoint (save_every is 1000)
     assert rundir.verify_checkpoint(checkpoint) is None and rundir.step_of(checkpoint) < 50
+
+
+def test_the_disk_check_asks_for_two_checkpoints_fresh_and_one_on_resume(tmp_path, monkeypatch):
+    """A fresh run needs room for two checkpoints (the second is written before the first goes), a resumed one,
+    whose checkpoints are already on disk, for one more: the margin is stated, so freeing what it says is enough."""
+    size, margin = 10 << 20, checkpoint_module.SAVE_MARGIN_BYTES
+    monkeypatch.setattr(checkpoint_module, "free_disk_bytes", lambda path: size + margin)
+    with pytest.raises(checkpoint_module.DataError) as refused:
+        checkpoint_module.check_disk(tmp_path, size)
+    message = " ".join(str(refused.value).split())
+    assert "need about 84.0 MB: 2 checkpoints of 10.0 MB" in message and "64.0 MB for metrics and logs" in message
+    kept = rundir.checkpoints_dir(tmp_path) / rundir.checkpoint_name(20)
+    kept.mkdir(parents=True)
+    (kept / rundir.MARKER).write_text("x\n")
+    checkpoint_module.check_disk(tmp_path, size)  # resumed: one more checkpoint and the margin fit exactly
+    monkeypatch.setattr(checkpoint_module, "free_disk_bytes", lambda path: size + margin - 1)
+    with pytest.raises(checkpoint_module.DataError, match="1 checkpoint of 10.0 MB"):
+        checkpoint_module.check_disk(tmp_path, size)

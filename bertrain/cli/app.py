@@ -25,8 +25,15 @@ LIST_HINT = "`bertrain config list` shows every shipped config and recipe"
 ConfigOption = typer.Option(
     None, "--config", "-c", metavar="NAME|FILE",
     help=f"Config YAML, or the name of a shipped config (tiny_bert, bert_base, albert_base, …); {LIST_HINT}.")
-SetOption = typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
-                         help="Override a config key: --set optim.lr=3e-4 (repeatable).")
+
+
+def set_option(example: str):
+    """The --set option, its help showing a key the command accepts."""
+    return typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
+                        help=f"Override a config key: --set {example} (repeatable).")
+
+
+SetOption = set_option("optim.lr=3e-4")
 
 
 @app.callback()
@@ -35,6 +42,10 @@ def _root(debug: bool = typer.Option(False, "--debug", envvar="BERTRAIN_DEBUG",
     """Pretrain BERT and ALBERT encoders from raw text: prepare → pretrain → export.
 
     Shipped configs and data recipes: bertrain config list. Each command's options: bertrain COMMAND --help.
+
+    Example: bertrain prepare --recipe pydoc --out data
+
+    Example: bertrain pretrain --config tiny_bert --data data --run-dir runs/tiny
     """
     # `debug` is read by bertrain.cli.main before parsing, so that it also covers errors while parsing.
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from bertrain.cli.app import SetOption, app, console, err_console
+from bertrain.cli.app import app, console, err_console, set_option
 
 
 @app.command("evaluate")
@@ -30,7 +30,7 @@ def evaluate(
                                                  "side with the difference and whether it exceeds the seed spread; "
                                                  "`random`: MODEL's architecture with random weights (what "
                                                  "pretraining added)."),
-    overrides: Optional[list[str]] = SetOption,
+    overrides: Optional[list[str]] = set_option("finetune.lr=3e-5"),
 ) -> None:
     """Fine-tune MODEL on each task with several seeds, and report per task the median, mean ± std, min and max.
 

@@ -8,16 +8,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from bertrain.cli.app import SetOption, app, console, err_console
+from bertrain.cli.app import app, console, err_console, set_option
 
 
 @app.command("inspect-model")
 def inspect_model(
     config: str = typer.Argument(..., metavar="NAME|FILE",
                                  help="Config YAML or a shipped name (bert_base, albert_large)."),
-    overrides: Optional[list[str]] = SetOption,
+    overrides: Optional[list[str]] = set_option("model.num_hidden_layers=6"),
     vocab_size: Optional[int] = typer.Option(
-        None, "--vocab-size", help="Vocabulary size (default: model.vocab_size, else 30522 for BERT, 30000 for "
+        None, "--vocab-size", min=1, help="Vocabulary size (default: model.vocab_size, else 30522 for BERT, 30000 for "
                                    "ALBERT)."),
 ) -> None:
     """Print the parameters of each module of the model a config describes, and the total.

@@ -29,6 +29,8 @@ import numpy as np
 from bertrain.errors import DataError
 from bertrain.files import write_atomic
 
+PREPARE_WORK = "work"  # the folder of an unfinished prepare (data/prepare/workdir.py: WORK)
+
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 SPLITS = ("train", "validation")
@@ -173,13 +175,19 @@ def open_prepared(data_dir: str | Path) -> PreparedData:
     path = Path(data_dir)
     if not str(data_dir):
         raise DataError("No prepared data given: set data.path in the config or pass --data DATA_DIR.")
+    if path.is_file():  # raw text given where prepared data belongs: prepare it, never write over it
+        raise DataError(f"'{path}' is a file, not a prepared DATA_DIR. Prepare it first: `bertrain prepare --source "
+                        f"{path} --out DATA_DIR`, then pass --data DATA_DIR.")
     if not path.is_dir():
         raise DataError(f"Prepared data directory '{path}' does not exist. Create it with "
                         f"`bertrain prepare --recipe RECIPE --out {path}`.")
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
-        raise DataError(f"'{path}' has no manifest.json: it is not a prepared corpus, or `bertrain prepare` "
-                        f"did not finish. Run `bertrain prepare --out {path}` again; it resumes.")
+        if (path / PREPARE_WORK).is_dir():
+            raise DataError(f"'{path}' is a `bertrain prepare` that did not finish (no manifest.json yet). Run the "
+                            f"same prepare command again (its --recipe/--source and --out {path}); it resumes.")
+        raise DataError(f"'{path}' is not a prepared DATA_DIR (no manifest.json). Prepare your text first: "
+                        f"`bertrain prepare --source {path} --out DATA_DIR`, then pass --data DATA_DIR.")
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, json.JSONDecodeError) as error:

@@ -312,12 +312,19 @@ def estimated_checkpoint_bytes(num_parameters: int) -> int:
     return num_parameters * 4 * 3 + (1 << 20)
 
 
+SAVE_MARGIN_BYTES = 64 << 20  # metrics, logs and run files beside the checkpoints, with room to spare
+
+
 def check_disk(run_dir: Path, checkpoint_bytes: int) -> None:
-    """Refuse to start when RUN_DIR's filesystem cannot hold two checkpoints (the save before rotation)."""
-    need = 2 * checkpoint_bytes + (64 << 20)  # the new checkpoint is complete before the old one goes
+    """Refuse to start when RUN_DIR's filesystem cannot hold the next saves: a new checkpoint is complete before
+    the oldest goes, so a fresh run needs two and a resumed one (its checkpoints already on disk) one."""
+    kept = [p for p in rundir.iter_checkpoints(run_dir) if (p / rundir.MARKER).is_file()]
+    count = 1 if kept else 2
+    need = count * checkpoint_bytes + SAVE_MARGIN_BYTES
     free = free_disk_bytes(run_dir)
     if free < need:
         raise DataError(
-            f"RUN_DIR '{run_dir}' is on a filesystem with {human_bytes(free)} free, but saving needs "
-            f"about {human_bytes(need)} (two checkpoints of {human_bytes(checkpoint_bytes)} during rotation). "
-            f"Free some space or choose another --run-dir.")
+            f"RUN_DIR '{run_dir}' is on a filesystem with {human_bytes(free)} free, but the next saves need about "
+            f"{human_bytes(need)}: {count} checkpoint{'s' * (count > 1)} of {human_bytes(checkpoint_bytes)} (a new "
+            f"one is complete before the oldest is removed) and {human_bytes(SAVE_MARGIN_BYTES)} for metrics and "
+            f"logs. Free some space or choose another --run-dir.")
