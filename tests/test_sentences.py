@@ -20,6 +20,7 @@ CASES = [
     ("Smith et al. (2019) found it. Good.", ["Smith et al. (2019) found it.", "Good."]),
     ("The U.S. economy grew. It was 1990. 2000 came next.", ["The U.S. economy grew.", "It was 1990.", "2000 came next."]),
     ("Version 3.11.7 is out.Really", ["Version 3.11.7 is out.Really"]),
+    ("Проф. Иванов А. С. приехал. См. ул. Ленина.", ["Проф. Иванов А. С. приехал.", "См. ул. Ленина."]),
     ("  spaced   out\n text.  Next\tone. ", ["spaced out text.", "Next one."]),
     ("no terminal punctuation", ["no terminal punctuation"]),
     ("", []),

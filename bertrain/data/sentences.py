@@ -19,6 +19,7 @@ NEVER_FINAL = frozenset("""
 mr mrs ms dr prof sr st rev hon gen col capt lt sgt cpl maj adm gov sen rep pres fr mt
 e.g i.e cf vs viz approx ca resp incl
 bzw u.a z.b d.h s.o o.ä mio mrd nr hl dt engl frz lat dipl ing
+проф акад доц ул см
 डॉ
 """.split())
 # After a day or century number, these words show its period is an ordinal (German "am 3. Oktober"), not an end.
