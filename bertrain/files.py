@@ -26,12 +26,21 @@ def fsync_path(path: Path) -> None:
 
 
 def write_atomic(path: Path, write: Callable[[Path], object], *, fsync: bool = False) -> None:
-    """Write `path` through a renamed sibling temporary file (never half a file); `fsync` survives power loss."""
+    """Write `path` through a renamed sibling temporary file (never half a file); `fsync` survives power loss.
+    On failure the temporary file is removed, and an OSError about it names `path` instead."""
     tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    if fsync:
-        fsync_path(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        if fsync:
+            fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno and str(error.filename) == str(tmp):
+            # The user never asked for the temporary file; OSError() picks the subclass of the errno.
+            raise OSError(error.errno, error.strerror, str(path)) from error
+        raise
 
 
 def honour_umask(path: Path) -> None:
@@ -82,25 +91,46 @@ def free_disk_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+# What to do about a failed write, by errno: the words in braces come from where it was written (RUN_DIR_WORDS
+# for pretrain's RUN_DIR, ANY_PATH_WORDS for a path given to any command).
 WRITE_ADVICE = {
-    errno.ENOSPC: "Free space on that filesystem, or move the run to another --run-dir (copy RUN_DIR, or resume "
-                  "there with --resume PATH).",
-    errno.EDQUOT: "Your disk quota is used up: free some of it, or move the run to another --run-dir.",
-    errno.EROFS: "The filesystem is read-only: remount it writable, or move the run to another --run-dir.",
-    errno.EACCES: "Make RUN_DIR writable for this user, or choose another --run-dir.",
-    errno.EPERM: "Make RUN_DIR writable for this user, or choose another --run-dir.",
+    errno.ENOSPC: "Free space on that filesystem, or {move_fully}.",
+    errno.EDQUOT: "Your disk quota is used up: free some of it, or {move}.",
+    errno.EROFS: "The filesystem is read-only: remount it writable, or {move}.",
+    errno.EACCES: "{give_access}, or {choose}.",
+    errno.EPERM: "{give_access}, or {choose}.",
+    errno.EEXIST: "A file is where a directory is expected, or a directory where a file is: {choose}, or move "
+                  "what is in the way.",
+    errno.ENOTDIR: "A part of that path is a file, where a directory is expected: {choose}, or move that file.",
+    errno.EISDIR: "A directory is where a file is expected: {choose}, or move that directory.",
+    errno.ENOENT: "That path or its parent directory does not exist: check it, or {choose}.",
 }
+OTHER_WRITE_FAILURE = "Check that filesystem (space, permissions, mount), or {choose}."
+RUN_DIR_WORDS = {"move_fully": "move the run to another --run-dir (copy RUN_DIR, or resume there with --resume PATH)",
+                 "move": "move the run to another --run-dir", "choose": "choose another --run-dir",
+                 "give_access": "Make RUN_DIR writable for this user"}
+ANY_PATH_WORDS = {"move_fully": "choose another output path", "move": "choose another output path",
+                  "choose": "choose another path",
+                  "give_access": "Give this user access to it (its permissions and its directory's)"}
 
 
-def describe_write_failure(error: Exception, doing: str, default_path: Path) -> str:
-    """'FILE: what the errno means while DOING. What to do.' for an OSError, or safetensors' error text
-    ("... No space left on device (os error 28) at path ..."), which carries the errno only in words."""
+def describe_write_failure(error: Exception, doing: str | None, default_path: Path | None,
+                           words: dict[str, str] = RUN_DIR_WORDS) -> str:
+    """'FILE: what the errno means while DOING. What to do.' (said in `words`) for an OSError, or safetensors' error
+    text ("... No space left on device (os error 28) at path ..."), which carries the errno only in words."""
     if isinstance(error, OSError):
-        code, file = error.errno, error.filename
+        code, file, strerror = error.errno, error.filename, error.strerror
     else:
         found_code, found_path = re.search(r"os error (\d+)", str(error)), re.search(r'at path "([^"]+)"', str(error))
         code = int(found_code.group(1)) if found_code else None
-        file = found_path.group(1) if found_path else None
-    meaning = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
-    advice = WRITE_ADVICE.get(code, "Check that filesystem (space, permissions, mount), or choose another --run-dir.")
-    return f"{file or default_path}: {meaning} while {doing}. {advice}"
+        file, strerror = found_path.group(1) if found_path else None, None
+    file = file or default_path
+    meaning = f"{strerror or os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
+    advice = WRITE_ADVICE.get(code, OTHER_WRITE_FAILURE if file else "").format(**words)
+    where, during = f"{file}: " if file else "", f" while {doing}" if doing else ""
+    return f"{where}{meaning}{during}. {advice}".strip()
+
+
+def describe_os_error(error: OSError) -> str:
+    """'PATH: what the errno means (ECODE). What to do.' in words that fit any command's paths."""
+    return describe_write_failure(error, None, None, ANY_PATH_WORDS)

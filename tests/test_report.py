@@ -78,8 +78,9 @@ def test_the_page_holds_each_curve_and_the_resume_mark(resumed_run, run_cli, tmp
 
 
 def test_bad_input_gives_a_page_that_says_what_is_missing(resumed_run, run_cli, tmp_path):
-    empty, torn, older, garbled = (tmp_path / name for name in ("empty", "torn", "older", "garbled"))
-    empty.mkdir()
+    started, torn, older, garbled = (tmp_path / name for name in ("started", "torn", "older", "garbled"))
+    started.mkdir()  # what pretrain has written before its first step
+    shutil.copy(resumed_run / "config.yaml", started)
     shutil.copytree(resumed_run, torn)
     with open(torn / METRICS_FILE, "a") as handle:
         handle.write(TORN)
@@ -91,10 +92,10 @@ def test_bad_input_gives_a_page_that_says_what_is_missing(resumed_run, run_cli, 
                                         '{"kind": "stop", "step": "x", "time": "y"}\n{"kind": "eval", "step": 2}\n')
     (garbled / "config.yaml").write_text("model: [not, a, section]\ndata: {path: /nonexistent}\n")
     out_page = tmp_path / "page.html"
-    code, out, err = run_cli("report", *(str(p) for p in (empty, torn, older, garbled)), "--out", str(out_page))
+    code, out, err = run_cli("report", *(str(p) for p in (started, torn, older, garbled)), "--out", str(out_page))
     assert code == 0, out + err
     runs = page_data(out_page.read_text())["runs"]
-    assert [r["name"] for r in runs] == ["empty", "torn", "older", "garbled"]
+    assert [r["name"] for r in runs] == ["started", "torn", "older", "garbled"]
     notes = [" ".join(run["notes"]) for run in runs]
     assert "No metrics.jsonl in" in notes[0] and runs[0]["status"] == "no metrics yet"
     assert "1 unreadable line(s) skipped (line" in notes[1] and "torn last line" in notes[1]
@@ -107,7 +108,7 @@ def test_bad_input_gives_a_page_that_says_what_is_missing(resumed_run, run_cli, 
     assert runs[2]["train"]["loss"] == [8.0, 7.0, 6.0, 5.0] and runs[2]["train"]["tokens"] == [None] * 4
     assert runs[3]["train"]["step"] == [1] and "loss" not in runs[3]["train"]  # a NaN loss is not drawn
     code, out, err = run_cli("report", str(tmp_path / "missing"), "--out", str(out_page))
-    assert code == 2 and "No such RUN_DIR" in out + err and "Traceback" not in out + err
+    assert code == 2 and "missing (no such directory)" in out + err and "Traceback" not in out + err
 
 
 def test_a_100k_step_run_makes_a_page_under_2_mb(tmp_path):
@@ -132,6 +133,51 @@ def test_a_100k_step_run_makes_a_page_under_2_mb(tmp_path):
     assert run["train"]["step"][-1] == 100_000 and len(run["eval"]["step"]) == 100
     assert ("resume", 50_000) in {(m["kind"], m["step"]) for m in run["marks"]}
     assert (tmp_path / METRICS_FILE).read_text() == "".join(lines)  # what is stored is untouched
+
+
+def a_run_dir(path):
+    """A RUN_DIR as an older bertrain left it: two training records, nothing else (enough for a page)."""
+    path.mkdir(parents=True)
+    (path / METRICS_FILE).write_text('{"kind": "train", "step": 1, "loss": 9.0}\n{"kind": "train", "step": 2, '
+                                     '"loss": 8.0}\n')
+    return path
+
+
+def test_out_may_be_a_directory_or_under_missing_ones_and_nothing_lands_beside_it(run_cli, tmp_path, monkeypatch):
+    run_dir, work = a_run_dir(tmp_path / "run"), tmp_path / "work"
+    (work / "existing").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    before = set(tmp_path.rglob("*"))
+    written = {"existing": "existing/report.html", str(work / "existing"): f"{work}/existing/report.html",
+               ".": "report.html", "new/": "new/report.html", "nodir/sub/r.html": "nodir/sub/r.html"}
+    for out, page in written.items():  # --out: the file `Wrote` names
+        code, text, err = run_cli("report", str(run_dir), "--out", out)
+        assert code == 0 and f"Wrote {page} (" in text, (out, text + err)
+        assert page_data((work / page).read_text())["runs"][0]["train"]["loss"] == [9.0, 8.0]
+    code, text, err = run_cli("report", str(run_dir))  # no --out: the same name as in a directory
+    assert code == 0 and "Wrote report.html" in text, text + err
+    new = {p.relative_to(tmp_path).as_posix() for p in set(tmp_path.rglob("*")) - before}
+    assert new == {"work/existing/report.html", "work/report.html", "work/new", "work/new/report.html",
+                   "work/nodir", "work/nodir/sub", "work/nodir/sub/r.html"}
+
+
+def test_a_directory_that_is_not_a_run_dir_is_refused_by_name(run_cli, tmp_path):
+    run_dir, data_dir, empty, checkpoint = (tmp_path / name for name in ("run", "data", "empty", "checkpoint"))
+    a_run_dir(run_dir)
+    data_dir.mkdir()
+    (data_dir / "manifest.json").write_text("{}")  # what `bertrain prepare` leaves, beside the shards
+    empty.mkdir()
+    checkpoint.mkdir()
+    (checkpoint / "COMPLETE").touch()
+    (checkpoint / "config.yaml").touch()
+    page = tmp_path / "page.html"
+    code, out, err = run_cli("report", str(run_dir), str(data_dir), str(empty), str(checkpoint), "--out", str(page))
+    text = out + err
+    assert code == 2 and "Traceback" not in text, text
+    assert f"{data_dir} (a DATA_DIR, made by `bertrain prepare`)" in text and f"{empty} (an empty directory)" in text
+    assert f"{checkpoint} (a checkpoint: its RUN_DIR is" in text
+    assert f"{run_dir} " not in text and f"{run_dir})" not in text  # the good one is not named
+    assert "the --run-dir of `bertrain pretrain`" in text and not page.exists()
 
 
 def test_a_report_that_cannot_be_written_only_warns(tmp_path):

@@ -77,6 +77,12 @@ def exit_code_for(error: BaseException, debug: bool) -> int:
     if isinstance(error, BertrainError):
         err_console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
+    if isinstance(error, OSError) and error.errno:  # a full disk, a read-only mount, a file in the way: say which
+        from bertrain.files import describe_os_error
+
+        err_console.print(f"{describe_os_error(error)}\nRun again with --debug (or BERTRAIN_DEBUG=1) for the "
+                          "traceback.", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_ERROR
     err_console.print(f"{type(error).__name__}: {error}\nRun again with --debug (or BERTRAIN_DEBUG=1) for the "
                       "traceback.", markup=False, highlight=False, soft_wrap=True)
     return EXIT_ERROR

@@ -82,7 +82,9 @@ def check_pretrain_arguments(config: Optional[str], resume: str) -> None:
 @app.command("report")
 def report(
     run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="RUN_DIRs: several overlay on the same axes."),
-    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write."),
+    out: str = typer.Option("report.html", "--out", "-o", metavar="FILE|DIR",
+                            help="The HTML file to write, or an existing directory (or a path ending in /) to "
+                                 "write DIR/report.html in. Missing parent directories are created."),
 ) -> None:
     """Write one self-contained HTML page of RUN_DIRs: curves against steps or tokens, marks where checkpoints,
     stops and resumes happened, model, data, config diff and verdict. It opens offline in any browser.
@@ -95,10 +97,12 @@ def report(
     """
     from bertrain.errors import UsageError
     from bertrain.console import human_bytes
-    from bertrain.train.report import write_report
+    from bertrain.train.report import report_file, why_not_a_run_dir, write_report
 
-    missing = [str(path) for path in run_dirs if not path.is_dir()]
-    if missing:
-        raise UsageError(f"No such RUN_DIR: {', '.join(missing)}.")
-    size = write_report(run_dirs, out)
-    console.print(f"Wrote {out} ({human_bytes(size)}): open it in a browser.", highlight=False)
+    bad = [f"{path} ({why})" for path in run_dirs if (why := why_not_a_run_dir(path))]
+    if bad:
+        raise UsageError(f"Not a RUN_DIR: {'; '.join(bad)}. A RUN_DIR is the --run-dir of `bertrain pretrain`, "
+                         "which writes metrics.jsonl, config.yaml and checkpoints/ into it.")
+    page = report_file(out)
+    size = write_report(run_dirs, page)
+    console.print(f"Wrote {page} ({human_bytes(size)}): open it in a browser.", highlight=False)

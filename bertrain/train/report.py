@@ -8,6 +8,7 @@ import functools
 import html
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -30,10 +31,33 @@ UNREADABLE = (OSError, ValueError, LookupError, TypeError, AttributeError)  # a 
 
 
 def write_report(run_dirs: list[Path], out: Path) -> int:
-    """Write the page of `run_dirs` to `out` atomically; returns its size in bytes."""
+    """Write the page of `run_dirs` to `out` atomically (its missing parent directories created); returns its size
+    in bytes."""
     page = build_page([Path(p) for p in run_dirs])
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(out), lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return len(page.encode())
+
+
+def report_file(out: str) -> Path:
+    """The file `--out` names: in an existing directory (or a path ending in /), the page's usual name."""
+    return Path(out) / rundir.REPORT if Path(out).is_dir() or out.endswith(("/", os.sep)) else Path(out)
+
+
+def why_not_a_run_dir(path: Path) -> str | None:
+    """Why `path` has nothing for the page (none of the files read here), or None for a RUN_DIR."""
+    if not path.is_dir():
+        return "a file, not a directory" if path.exists() else "no such directory"
+    if (path / rundir.MARKER).is_file():  # a checkpoint holds a config.yaml too, but no curves
+        return f"a checkpoint: its RUN_DIR is {path.parent.parent}"
+    if any((path / name).exists() for name in (rundir.METRICS, rundir.CONFIG, rundir.CHECKPOINTS)) \
+            or any(path.glob(f"{rundir.OLD_RUN_PREFIX}*")):
+        return None
+    if (path / "manifest.json").is_file():
+        return "a DATA_DIR, made by `bertrain prepare`"
+    if not any(path.iterdir()):
+        return "an empty directory"
+    return f"no {rundir.METRICS}, {rundir.CONFIG} or {rundir.CHECKPOINTS}/ in it"
 
 
 def write_run_report(run_dir: Path, warn) -> None:
@@ -61,7 +85,7 @@ def read_records(run_dir: Path) -> tuple[list[dict], list[str]]:
     """metrics.jsonl's records (any line that is not one is skipped) and what the page should say about it."""
     path = run_dir / rundir.METRICS
     if not path.is_file():
-        return [], [f"No {rundir.METRICS} in {run_dir} yet: the run has logged no step (or this is not a RUN_DIR)."]
+        return [], [f"No {rundir.METRICS} in {run_dir} yet: the run has logged no step."]
     records, bad = [], []
     for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         with contextlib.suppress(ValueError):
