@@ -185,3 +185,24 @@ def test_malformed_json_array_names_line_and_column(tmp_path):
     with pytest.raises(DataError, match=r"records.json: line 2, column 11: not valid JSON: a string opened here "
                                         r"is never closed"):
         run(tmp_path, path)
+
+
+@pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+def test_utf16_and_utf32_text_is_skipped_with_the_command_that_converts_it(tmp_path, run_cli, encoding, name):
+    (tmp_path / "src").mkdir()
+    wide = tmp_path / "src" / "wide.txt"
+    mark = "\ufeff" if encoding == "utf-16-be" else ""  # Python writes the byte-order mark itself for utf-16/32 only
+    wide.write_text(mark + "Первое предложение. Второе!\n\n" * 50, encoding=encoding)
+    with pytest.raises(DataError) as only_wide:
+        run(tmp_path, wide)
+    assert (f"{wide}: {name} text (byte-order mark), skipped; convert it to UTF-8, e.g. iconv -f {name} -t UTF-8 "
+            f"{wide} > {tmp_path / 'src' / 'wide.utf8.txt'}") in str(only_wide.value)
+    (tmp_path / "src" / "good.txt").write_text(GOOD)
+    manifest = run(tmp_path, tmp_path / "src")
+    reason = name.lower().replace("-", "")
+    assert manifest["counts"][f"files_skipped_{reason}"] == 1 and "files_skipped_binary" not in manifest["counts"]
+    assert {"path": str(wide), "reason": reason} in manifest["skipped_files"]
+    assert manifest["counts"]["documents_written"] == 30
+    code, out, err = run_cli("prepare", "--source", str(tmp_path / "src"), "--out", str(tmp_path / "cli"),
+                             "--vocab-size", "200")
+    assert code == 0 and f"Warning: {wide}: {name} text (byte-order mark), skipped; convert it" in out + err

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from bertrain.cli.app import SetOption, app, console
+from bertrain.cli.app import app, console, set_option
 
 tokenizer_app = typer.Typer(
     help="Train tokenizers.\n\nExample: bertrain tokenizer train --source corpus/ --kind unigram --out tok/",
@@ -26,6 +26,9 @@ SourceOption = typer.Option(
          "--set prepare.sources.0.KEY=VALUE (0 is the first --source).")
 KindOption = typer.Option(None, "--tokenizer-kind", "--kind", help="wordpiece (BERT) or unigram (ALBERT).")
 VocabOption = typer.Option(None, "--vocab-size", help="Tokenizer vocabulary size (tokenizer.vocab_size).")
+# Keys these commands accept (only the prepare and tokenizer sections); the shared example names optim.
+PrepareSetOption = set_option("prepare.min_sentence_chars=10")
+TokenizerSetOption = set_option("tokenizer.lowercase=false")
 
 
 def _overrides(recipe: Optional[str], sets: Optional[list[str]], sources: Optional[list[str]],
@@ -72,11 +75,13 @@ def prepare(
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Parallel worker processes."),
     validation_fraction: Optional[float] = typer.Option(None, "--validation-fraction",
                                                         help="Fraction of documents for validation."),
-    overrides: Optional[list[str]] = SetOption,
+    overrides: Optional[list[str]] = PrepareSetOption,
 ) -> None:
     """Read raw corpora, train a tokenizer and write a tokenized, memory-mapped DATA_DIR.
 
-    Re-running a finished DATA_DIR does nothing; an interrupted one resumes; changed settings rebuild what they affect.
+    Re-running a finished DATA_DIR does nothing; an interrupted one (Ctrl-C, SIGTERM) resumes.
+
+    Changed settings rebuild what they affect; prepare says so first, as runs on the old data may not resume on it.
 
     Each --source keeps the settings of the recipe's source of its format; set one: --set prepare.sources.0.KEY=VALUE.
 
@@ -114,7 +119,7 @@ def tokenizer_train(
     source: Optional[list[str]] = SourceOption,
     kind: Optional[str] = typer.Option(None, "--kind", "--tokenizer-kind", help="wordpiece or unigram."),
     vocab_size: Optional[int] = VocabOption,
-    overrides: Optional[list[str]] = SetOption,
+    overrides: Optional[list[str]] = TokenizerSetOption,
 ) -> None:
     """Train a tokenizer on the recipe's sources (documents cleaned and split as `prepare` does).
 

@@ -249,7 +249,8 @@ class PrepareConfig:
     on_decode_error: Literal["error", "replace", "skip"] = opt(
         "error", "Invalid UTF-8: stop with file/line/byte, or replace / skip the line and count it.")
     on_bad_record: Literal["error", "skip"] = opt(
-        "error", "JSON record without a string text field: stop naming file and line, or skip and count it.")
+        "error", "JSON record without a string text field or a group_by field: stop naming file and line, or skip and "
+        "count it.")
     max_line_chars: int = opt(
         1_000_000, "Longer lines are split into pieces of at most this many characters (counted).")
     min_sentence_chars: int = opt(1, "Sentences shorter than this are dropped (counted).")

@@ -240,12 +240,12 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as {"section.key": value}."""
+def flatten(tree: dict | list, prefix: str = "", lists: bool = False) -> dict[str, Any]:
+    """A nested mapping as {"section.key": value}; with `lists`, list items too ("prepare.sources.0.path")."""
     flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
+    for key, value in (enumerate(tree) if isinstance(tree, list) else tree.items()):
+        if isinstance(value, dict) or (lists and isinstance(value, list) and value):
+            flat.update(flatten(value, f"{prefix}{key}.", lists))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

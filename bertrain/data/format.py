@@ -29,7 +29,7 @@ import numpy as np
 from bertrain.errors import DataError
 from bertrain.files import write_atomic
 
-PREPARE_WORK = "work"  # the folder of an unfinished prepare (data/prepare/workdir.py: WORK)
+PREPARE_WORK = "work"  # DATA_DIR's intermediate outputs: with no manifest.json beside it, an unfinished prepare
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)

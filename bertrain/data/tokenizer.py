@@ -12,7 +12,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from bertrain.config import TokenizerConfig
 from bertrain.files import file_sha256, write_atomic
-from bertrain.errors import DataError
+from bertrain.errors import ConfigError, DataError
 from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
 
 # How Unigram text is cut before the model sees it: words, single digits, punctuation runs.
@@ -33,6 +33,7 @@ MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 # WordPiece turns a word longer than this into one [UNK]; runs without spaces (Thai, Lao, Khmer, Burmese write
 # whole phrases unspaced) are cut into pieces of this many characters first, which WordPiece then splits.
 MAX_WORDPIECE_CHARS = 100
+MIN_VOCAB_SIZE = 16  # the special tokens and a few pieces; a useful vocabulary is hundreds or more
 
 
 def _strip_accents(config: TokenizerConfig) -> bool:
@@ -239,12 +240,18 @@ def _train_on_spool(config: TokenizerConfig, alphabet: set[str], spool: Path, ch
     return tokenizer
 
 
+def require_vocab_size(config: TokenizerConfig) -> None:
+    """A ConfigError for a vocabulary too small to train: checked before any text is read."""
+    if config.vocab_size < MIN_VOCAB_SIZE:
+        raise ConfigError(f"tokenizer.vocab_size {config.vocab_size} is too small (at least {MIN_VOCAB_SIZE}); "
+                          f"use a few hundred or more, e.g. --vocab-size 8000.")
+
+
 def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out_dir: str | Path,
                     validation_texts: Optional[Iterable[str]] = None) -> dict[str, Any]:
     """Train a tokenizer on at most `max_bytes` characters of texts, save it to out_dir; return stats."""
     config = tokenizer_config
-    if config.vocab_size < 16:
-        raise DataError(f"tokenizer.vocab_size {config.vocab_size} is too small; use at least a few hundred.")
+    require_vocab_size(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spool = out / "training-text.tmp"

@@ -12,7 +12,7 @@ from bertrain.config import Recipe
 from bertrain.data.prepare.documents import document_split, normalized_documents, raw_batches, resolve_inputs
 from bertrain.data.prepare.pool import Workers
 from bertrain.data.prepare.tokenizer_stage import in_sample
-from bertrain.data.tokenizer import train_tokenizer
+from bertrain.data.tokenizer import require_vocab_size, train_tokenizer
 
 MAX_VALIDATION_CHARS = 10_000_000  # held-out text the unknown-token rate is measured on, at most
 
@@ -21,6 +21,7 @@ def train_tokenizer_from_recipe(recipe: Recipe, out_dir: str | Path, console: An
     """`bertrain tokenizer train`: sources read as prepare does, validation held out by hash, seeded sample."""
     console = console or Console(stderr=True, quiet=True)
     config, tokenizer_config = recipe.prepare, recipe.tokenizer
+    require_vocab_size(tokenizer_config)  # before reading the corpus, which may take hours
     counts: Counter = Counter()
     skipped: list = []
     inputs = resolve_inputs(config, counts, skipped)

@@ -16,17 +16,17 @@ from bertrain.config import PrepareConfig, Recipe, TokenizerConfig
 from bertrain.config.validate import validate
 from bertrain.data.format import SPLITS, open_prepared
 from bertrain.data.prepare.documents import build_documents, resolve_inputs
-from bertrain.data.prepare.manifest import build_manifest
+from bertrain.data.prepare.manifest import build_manifest, replaced_data
 from bertrain.data.prepare.normalization import measure_normalization
-from bertrain.data.prepare.pool import Workers
+from bertrain.data.prepare.pool import Terminated, Workers, sigterm_raises
 from bertrain.data.prepare.report import report
 from bertrain.data.prepare.shards import build_shards, pending_shards
 from bertrain.data.prepare.tokenizer_stage import build_tokenizer
 from bertrain.data.prepare.workdir import (STAGE_VERSION, WORK, WORD_UNITS_VERSION, check_out_dir, clear,
                                            documents_settings, locked, read_json, settings_hash, shard_name,
                                            tokenizer_settings, write_json)
-from bertrain.data.tokenizer import tokenizer_facts
-from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted, UsageError
+from bertrain.data.tokenizer import require_vocab_size, tokenizer_facts
+from bertrain.errors import EXIT_CTRL_C, EXIT_REQUEUE, DataError, Interrupted, UsageError
 from bertrain.files import file_sha256
 from bertrain.special_tokens import SPECIAL_IDS
 from bertrain.tokenizer_file import load_tokenizer, tokenizer_file
@@ -199,7 +199,7 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
 
 
 def _interrupted(plan: _Plan, documents: Optional[dict[str, Any]]) -> str:
-    """The one line a Ctrl-C ends prepare with: how far it got, and that the same command resumes."""
+    """The one line a Ctrl-C or SIGTERM ends prepare with: how far it got, and that the same command resumes."""
     if documents is None:
         return "prepare interrupted before tokenizing the shards; run the same command again to resume."
     shards = pending_shards(plan.out, documents, plan.key, plan.only)
@@ -209,11 +209,22 @@ def _interrupted(plan: _Plan, documents: Optional[dict[str, Any]]) -> str:
 
 def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional[int] = None,
                    console: Any = None) -> dict[str, Any]:
-    """Prepare DATA_DIR from a recipe; the manifest, or `complete: False` while job-array siblings run."""
-    console = console or Console(stderr=True, quiet=True)
+    """Prepare DATA_DIR from a recipe; the manifest, or `complete: False` while job-array siblings run. A SIGTERM
+    (a preemption) stops it like a Ctrl-C, but exits EXIT_REQUEUE: the same command resumes."""
+    with sigterm_raises():
+        try:
+            return _prepare(recipe, out_dir, shard_index, console or Console(stderr=True, quiet=True))
+        except Terminated:  # before the stages began (or after they ended): nothing to report but the resume
+            raise Interrupted("prepare interrupted; run the same command again to resume.", EXIT_REQUEUE) from None
+
+
+def _prepare(recipe: Recipe, out_dir: str | Path, shard_index: Optional[int], console: Any) -> dict[str, Any]:
+    """prepare_corpus's work: checks first, then the stages that are not done yet."""
     started = time.perf_counter()
     validate(recipe)  # a recipe built in code gets the checks a loaded one got
     config, tokenizer_config = recipe.prepare, recipe.tokenizer
+    if not tokenizer_config.path:
+        require_vocab_size(tokenizer_config)  # before reading the corpus, which may take hours
     if shard_index is not None and not 0 <= shard_index < config.num_shards:
         raise UsageError(f"--shard-index {shard_index} is outside 0..{config.num_shards - 1} "
                          f"(--num-shards {config.num_shards}).")
@@ -223,6 +234,7 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional
     manifest = _up_to_date(plan, console)
     if manifest is not None:
         return manifest
+    replaced = replaced_data(out, plan.settings, plan.sources, console)
     pool = Workers(config.workers)
     timings: dict[str, float] = {}
     documents = None
@@ -232,14 +244,18 @@ def prepare_corpus(recipe: Recipe, out_dir: str | Path, *, shard_index: Optional
         tick = time.perf_counter()
         build_shards(out, documents, facts, config.word_segmenter, plan.key, plan.only, pool, console)
         timings["tokenize"] = time.perf_counter() - tick
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         pool.close(interrupted=True)
-        raise Interrupted(_interrupted(plan, documents), EXIT_CTRL_C) from None
+        code = EXIT_REQUEUE if isinstance(stop, Terminated) else EXIT_CTRL_C
+        raise Interrupted(_interrupted(plan, documents), code) from None
     finally:
         pool.close()
     with locked(out):
         manifest, pending = _finish(plan, documents, tokenizer_record["stats"], facts, shard_index, console)
     if manifest is None:
         return {"complete": False, "pending_shards": pending}
-    report(manifest, out, console, time.perf_counter() - started, timings)
+    report(manifest, out, console, time.perf_counter() - started, timings, documents.get("text_layouts", []))
+    if replaced and replaced != manifest["fingerprint"]:
+        console.print(f"Replaced the prepared data of {out}: fingerprint {replaced[:12]} → "
+                      f"{manifest['fingerprint'][:12]}.", highlight=False, markup=False, soft_wrap=True)
     return manifest

@@ -21,6 +21,7 @@ from bertrain.data.sentences import require_splitter
 from bertrain.data.sources.lookup import resolve_source
 from bertrain.data.sources.normalize import normalize_batch
 from bertrain.data.sources.read import read_documents
+from bertrain.data.sources.text import GUESSED_LAYOUTS, guessed_layout_count
 from bertrain.errors import UsageError
 
 BATCH_CHARS = 1 << 19        # raw text per normalization task
@@ -46,12 +47,14 @@ def resolve_inputs(config: PrepareConfig, counts: Counter, skipped: list) -> lis
 
 
 def raw_batches(inputs: list[tuple[Any, Any]], config: PrepareConfig, counts: Counter, skipped: list,
-                on_bytes: Callable[[int], None], read_by_file: Optional[dict[str, int]] = None
-                ) -> Iterator[list[tuple]]:
-    """Batches of raw documents from every input, in order, counting what each file gave."""
+                on_bytes: Callable[[int], None], read_by_file: Optional[dict[str, int]] = None,
+                text_layouts: Optional[list[dict[str, Any]]] = None) -> Iterator[list[tuple]]:
+    """Batches of raw documents from every input, in order, counting what each file gave; `text_layouts` gets,
+    per source whose text files `text_layout: auto` read, how many it read with each layout."""
     batch: list[tuple] = []
     size = 0
-    for source, items in inputs:
+    for index, (source, items) in enumerate(inputs):
+        guessed_before = {layout: counts[guessed_layout_count(layout)] for layout in GUESSED_LAYOUTS}
         taken = 0
         for item in items:
             progress: list = []
@@ -76,6 +79,9 @@ def raw_batches(inputs: list[tuple[Any, Any]], config: PrepareConfig, counts: Co
             if source.max_documents is not None and taken >= source.max_documents:
                 counts["sources_truncated_max_documents"] += 1
                 break
+        guessed = {layout: counts[guessed_layout_count(layout)] - before for layout, before in guessed_before.items()}
+        if text_layouts is not None and any(guessed.values()):
+            text_layouts.append({"source": index, "path": source.path, **guessed})
     if batch:
         yield batch
 
@@ -177,7 +183,8 @@ def build_documents(out: Path, inputs: list[tuple[Any, Any]], config: PrepareCon
             progress.update(task, advance=amount, docs=counts["documents_read"], rate=rate(counts["documents_read"]))
 
         read_by_file: dict[str, int] = {}
-        batches = raw_batches(inputs, config, counts, skipped, on_bytes, read_by_file)
+        text_layouts: list[dict[str, Any]] = []
+        batches = raw_batches(inputs, config, counts, skipped, on_bytes, read_by_file, text_layouts)
         for sentences, digest in normalized_documents(batches, config, workers, counts):
             split = document_split(sentences, digest, config, seen, counts)
             if split is not None:
@@ -187,4 +194,5 @@ def build_documents(out: Path, inputs: list[tuple[Any, Any]], config: PrepareCon
     writers.close()
     if sum(writers.documents["train"]) == 0:
         raise no_training_documents(counts, sum(writers.documents["validation"]), config, inputs, skipped, read_by_file)
-    return {"shards": writers.records(), "seconds": round(time.perf_counter() - start, 2)}
+    return {"shards": writers.records(), "seconds": round(time.perf_counter() - start, 2),
+            "text_layouts": text_layouts}

@@ -3,7 +3,9 @@ with it, why its documents were dropped, and what to do."""
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from bertrain.config import PrepareConfig
@@ -15,11 +17,22 @@ FIX = ("Fix: point --source (or prepare.sources[].path) at files with text in th
        "(optionally .gz/.zst).")
 SKIP_REASONS = {"binary": "binary (a NUL byte in its first 8000 bytes), skipped",
                 "unknown_format": "unknown format (set the source's `format:`), skipped"}
+WRONG_ENCODINGS = {"utf16": "UTF-16", "utf32": "UTF-32"}  # skip reasons: text with this byte-order mark
+
+
+def skip_reason(path: str, reason: str) -> str:
+    """Why a file was skipped, said for the user: for UTF-16/32 text, the command that converts it."""
+    if reason in WRONG_ENCODINGS:
+        encoding = WRONG_ENCODINGS[reason]
+        converted = Path(path).with_suffix(".utf8" + Path(path).suffix)  # keeps the suffix the format is read from
+        return (f"{encoding} text (byte-order mark), skipped; convert it to UTF-8, e.g. iconv -f {encoding} "
+                f"-t UTF-8 {shlex.quote(path)} > {shlex.quote(str(converted))}")
+    return SKIP_REASONS.get(reason, reason)
 
 
 def _file_lines(inputs: list[tuple[Any, list]], skipped: list, read_by_file: dict[str, int]) -> list[str]:
     """One line per input file, in reading order (the first MAX_FILES_NAMED): what became of it."""
-    reasons = {entry["path"]: SKIP_REASONS.get(entry["reason"], entry["reason"]) for entry in skipped}
+    reasons = {entry["path"]: skip_reason(entry["path"], entry["reason"]) for entry in skipped}
     lines = []
     for _, items in inputs:
         for item in items:
@@ -44,8 +57,10 @@ def _why_dropped(counts: Counter, config: PrepareConfig) -> list[str]:
         why.append(f"{counts['sentences_short_dropped']:,} sentence(s) were shorter than "
                    f"prepare.min_sentence_chars ({config.min_sentence_chars}) and dropped")
     if counts["documents_bad_record"]:
-        why.append(f"{counts['documents_bad_record']:,} record(s) had no usable text and were skipped "
-                   f"(prepare.on_bad_record: skip); check the source's text_field")
+        grouped = any(source.group_by for source in config.sources)
+        why.append(f"{counts['documents_bad_record']:,} record(s) had no usable text"
+                   f"{' or lacked a group_by field' if grouped else ''} and were skipped (prepare.on_bad_record: "
+                   f"skip); check the source's text_field{' and group_by' if grouped else ''}")
     if counts["lines_decode_skipped"]:
         why.append(f"{counts['lines_decode_skipped']:,} line(s) with invalid UTF-8 were skipped "
                    f"(prepare.on_decode_error: skip)")

@@ -1,19 +1,23 @@
-"""Stage 4, manifest: when every shard is done, gather the shard records into DATA_DIR/manifest.json."""
+"""Stage 4, manifest: when every shard is done, gather the shard records into DATA_DIR/manifest.json. Also the notice
+prepare starts with when it will replace a finished manifest made from other inputs (runs on it may not resume)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from bertrain.config import flatten
 from bertrain.data.format import SPLITS, token_dtype_for, write_manifest
 from bertrain.data.prepare.documents import unaccounted_documents
 from bertrain.data.prepare.shards import shard_record
+from bertrain.data.prepare.workdir import read_json
 from bertrain.errors import DataError
 
 # Per-shard counts summed by split (e.g. "train_unknown_tokens") for the manifest's counts and stats.
 SHARD_TOTALS = ("sentences_empty_after_tokenizing", "documents_empty_after_tokenizing", "unknown_tokens",
                 "words", "chars", "documents_segmented_zh", "documents_segmented_ja")
+MAX_CHANGES_NAMED = 4
 
 
 def _gather_splits(out: Path, documents: dict[str, Any], key: str) -> tuple[dict[str, Any], Counter]:
@@ -88,3 +92,37 @@ def build_manifest(out: Path, documents: dict[str, Any], tokenizer_stats: dict[s
         "settings": {**settings, "input_key": key},
     }
     return write_manifest(out, manifest)
+
+
+def setting_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key: old → new` for each setting that differs (a key one side lacks shows as "unset")."""
+    before, after = flatten(old, lists=True), flatten(new, lists=True)
+    return [f"{key} {before.get(key, 'unset')} → {after.get(key, 'unset')}"
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
+def source_changes(old: list[dict], new: list[dict]) -> list[str]:
+    """What differs between the input files recorded in the manifest and those found now."""
+    before, after = {s["path"]: s for s in old}, {s["path"]: s for s in new}
+    changes = [f"new file {path}" for path in after if path not in before]
+    changes += [f"file gone {path}" for path in before if path not in after]
+    changes += [f"file changed {path}" for path in after if path in before and after[path] != before[path]]
+    return changes
+
+
+def replaced_data(out: Path, settings: dict[str, Any], sources: list[dict], console: Any) -> Optional[str]:
+    """The fingerprint of finished data in `out` that this run will replace (said in one line), else None."""
+    manifest = read_json(out / "manifest.json")
+    if manifest is None or "fingerprint" not in manifest:
+        return None
+    recorded = {k: v for k, v in manifest.get("settings", {}).items() if k != "input_key"}
+    changes = setting_changes(recorded, settings) + source_changes(manifest.get("sources", []), sources)
+    if not changes:  # same settings and file sizes: a file was modified in place, or bertrain's stages changed
+        changes = ["the source files were modified, or this bertrain version prepares differently"]
+    named = "; ".join(changes[:MAX_CHANGES_NAMED]) + (f"; and {len(changes) - MAX_CHANGES_NAMED} more"
+                                                     if len(changes) > MAX_CHANGES_NAMED else "")
+    old = manifest["fingerprint"][:12]
+    console.print(f"Note: replacing the prepared data in {out} (fingerprint {old}), made with other inputs: {named}. "
+                  f"It gets a new fingerprint; runs trained on fingerprint {old} will refuse to resume on it (with "
+                  f"--force they may, unless the tokenizer changed).", highlight=False, markup=False, soft_wrap=True)
+    return manifest["fingerprint"]

@@ -1,5 +1,6 @@
 """The prepare stages' worker pool: spawn processes started on first use, and their progress queue. Workers ignore
-Ctrl-C (it reaches the terminal's whole process group): the main process handles it and stops them."""
+Ctrl-C (it reaches the terminal's whole process group): the main process handles it and stops them. SIGTERM (a
+preemption) raises Terminated in the main process, which stops the workers the same way."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -30,6 +32,28 @@ def report_progress(amount: int) -> None:
     """Report work done (characters) from a task, in a worker or in the main process."""
     if _progress_queue is not None:
         _progress_queue.put(amount)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in the main process: a KeyboardInterrupt, so that it unwinds wherever a Ctrl-C does (no
+    `except Exception` swallows it), but one that asks to be requeued."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises Terminated; the previous handler is restored after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 class _CallbackQueue:

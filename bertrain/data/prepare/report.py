@@ -12,12 +12,15 @@ from rich.table import Table
 from bertrain.data.format import open_prepared
 from bertrain.data.prepare.document_shape import document_shape, shape_rows, shape_warnings
 from bertrain.data.prepare.documents import DOCUMENT_SKIPS
+from bertrain.data.prepare.empty_corpus import WRONG_ENCODINGS, skip_reason
 from bertrain.data.prepare.normalization import normalization_row_and_warning
 from bertrain.data.sentences import EXTRAS
 
 # Counts shown in the closing table only when nonzero, with their labels.
 OPTIONAL_ROWS = (("records_read", "records read (grouped by group_by)"),
                  ("files_skipped_binary", "files skipped: binary (NUL bytes)"),
+                 ("files_skipped_utf16", "files skipped: UTF-16 text (convert to UTF-8)"),
+                 ("files_skipped_utf32", "files skipped: UTF-32 text (convert to UTF-8)"),
                  ("files_skipped_unknown_format", "files skipped: unknown format"),
                  ("files_empty", "files empty"),
                  ("lines_decode_replaced", "lines with invalid UTF-8 replaced"),
@@ -70,9 +73,45 @@ def _count_rows(manifest: dict[str, Any]) -> list[tuple[str, int]]:
     return rows
 
 
-def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, timings: dict[str, float]) -> list[str]:
-    """Print the preparation's counts, skips, tokenizer, shape, size and time; return the warnings (changed
-    characters, short documents, Thai without its splitter)."""
+def layout_lines(text_layouts: list[dict[str, Any]]) -> list[str]:
+    """Per source that `text_layout: auto` read, the layouts it chose: one document per file is easy to miss."""
+    lines = []
+    for entry in text_layouts:
+        where = f"source {entry['source']} ({entry['path']})"
+        chosen = [f"{entry[layout]:,} file(s) as {layout}" for layout in ("paragraphs", "sentence_per_line")
+                  if entry.get(layout)]
+        line = f"text_layout auto read {where}: {' and '.join(chosen)}"
+        if entry.get("paragraphs"):
+            line += (" (their lines are not one sentence each, so each file is one document and its blank lines "
+                     "separate paragraphs); if blank lines separate documents there, pass --set "
+                     f"prepare.sources.{entry['source']}.text_layout=sentence_per_line (each line then is one "
+                     f"sentence)")
+        lines.append(line + ".")
+    return lines
+
+
+def empty_validation_warning(manifest: dict[str, Any]) -> list[str]:
+    """A warning when validation was asked for but got no document: pretrain would find out only at its first
+    evaluation, which it then skips."""
+    fraction = manifest.get("settings", {}).get("prepare", {}).get("validation_fraction", 0)
+    splits = manifest["splits"]
+    if not fraction or splits["validation"]["documents"]:
+        return []
+    return [f"the validation split has 0 documents: prepare.validation_fraction {fraction} of "
+            f"{splits['train']['documents']:,} document(s) (each placed by its hash) gave none, so pretrain's "
+            f"evaluation will be skipped. Raise --validation-fraction, or give the corpus more documents."]
+
+
+def encoding_warnings(skipped: list[dict[str, str]]) -> list[str]:
+    """A warning for each file skipped as UTF-16/32 text: unlike a binary file, converting it makes it usable."""
+    return [f"{entry['path']}: {skip_reason(entry['path'], entry['reason'])}" for entry in skipped
+            if entry["reason"] in WRONG_ENCODINGS]
+
+
+def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, timings: dict[str, float],
+           text_layouts: list[dict[str, Any]] = ()) -> list[str]:
+    """Print the preparation's counts, skips, layouts chosen, tokenizer, shape, size and time; return the warnings
+    (changed characters, short documents, Thai without its splitter, no validation, UTF-16 files)."""
     table = Table(title=f"Prepared {out}", show_header=True)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -92,6 +131,8 @@ def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, ti
     table.add_row("time", f"{seconds:,.1f} s" + (" (" + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()) + ")"
                                                    if timings else ""))
     console.print(table)
+    for line in layout_lines(list(text_layouts)):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if manifest.get("skipped_files"):
         names = ", ".join(f"{s['path']} ({s['reason']})" for s in manifest["skipped_files"][:10])
         console.print(f"Skipped files: {names}" + (" ..." if len(manifest["skipped_files"]) > 10 else ""))
@@ -101,6 +142,7 @@ def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, ti
         warnings.append(f"{thai:,} paragraphs of Thai text were split by punctuation rules only, and Thai marks no "
                         f"sentence ends, so each stayed one sentence: install pythainlp (pip install "
                         f"'{EXTRAS['pythainlp']}') and prepare again.")
+    warnings += empty_validation_warning(manifest) + encoding_warnings(manifest.get("skipped_files", []))
     for warning in warnings:
         console.print(f"[yellow]Warning:[/] {escape(warning)}", soft_wrap=True, highlight=False)
     return warnings

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from bertrain.config import PrepareConfig, TokenizerConfig
+from bertrain.data.format import PREPARE_WORK
 from bertrain.errors import UsageError
 from bertrain.files import write_atomic
 
 STAGE_VERSION = 2            # bump when a change makes old intermediate outputs invalid (2: any-script sentences)
 WORD_UNITS_VERSION = 1       # shards' word starts (format 2): bump when their rules change, to rebuild the shards
-WORK = "work"
+WORK = PREPARE_WORK  # the intermediate outputs; open_prepared names a DATA_DIR that has it unfinished
 
 
 def settings_hash(obj: Any) -> str:

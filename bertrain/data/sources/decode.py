@@ -14,10 +14,26 @@ from bertrain.errors import DataError
 
 BLOCK_BYTES = 1 << 22
 BINARY_SNIFF_BYTES = 8000  # like git: a NUL byte in the first 8000 bytes marks a binary file
+# Byte-order marks of the encodings whose text holds NUL bytes, UTF-32 first (its little-endian mark starts with
+# UTF-16's): such a file is text in the wrong encoding, not binary, and the user can convert it.
+BYTE_ORDER_MARKS = ((b"\xff\xfe\x00\x00", "utf32"), (b"\x00\x00\xfe\xff", "utf32"), (b"\xff\xfe", "utf16"),
+                    (b"\xfe\xff", "utf16"))
 
 
 class BinaryFile(Exception):
-    """Internal: the file holds NUL bytes and is skipped."""
+    """Internal: the file is skipped; `reason` is "binary" (NUL bytes), "utf16" or "utf32" (a byte-order mark)."""
+
+    def __init__(self, reason: str = "binary"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def unreadable_reason(head: bytes) -> Optional[str]:
+    """Why a file starting with `head` is skipped: "utf16"/"utf32" (byte-order mark), "binary", or None."""
+    for mark, encoding in BYTE_ORDER_MARKS:
+        if head.startswith(mark):
+            return encoding
+    return "binary" if b"\x00" in head[:BINARY_SNIFF_BYTES] else None
 
 
 class ByteProgress:
@@ -71,7 +87,7 @@ def _utf8_cut(block: bytes) -> int:
 def iter_lines(stream: Any, path: str, limit: Optional[int], on_decode_error: str,
                counts: Counter) -> Iterator[tuple[int, str]]:
     """Yield (line number, text) of each line; lines longer than `limit` come in pieces (counted). Raises
-    BinaryFile before yielding anything when the first bytes hold a NUL byte."""
+    BinaryFile before yielding anything when the first bytes hold a NUL byte or a UTF-16/32 byte-order mark."""
     line_no, offset, carry = 1, 0, b""
     continued = False  # the first line of this block continues a line cut at the previous block
     first = True
@@ -79,8 +95,9 @@ def iter_lines(stream: Any, path: str, limit: Optional[int], on_decode_error: st
         block = carry + stream.read(BLOCK_BYTES)
         carry = b""
         if first:
-            if b"\x00" in block[:BINARY_SNIFF_BYTES]:
-                raise BinaryFile()
+            reason = unreadable_reason(block)
+            if reason is not None:
+                raise BinaryFile(reason)
             first = False
         if not block:
             return

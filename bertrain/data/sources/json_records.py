@@ -8,7 +8,8 @@ from typing import Any, Iterator
 
 from bertrain.config import PrepareConfig, SourceConfig
 from bertrain.data.sources.lookup import InputFile
-from bertrain.data.sources.records import bad_record, count_record, field_value, group_fields, group_key
+from bertrain.data.sources.records import (bad_group_record, bad_record, count_record, field_value, group_fields,
+                                           group_key, missing_group_field, nearest_field_hint)
 from bertrain.errors import DataError
 
 # json's messages, most of which end in "at" before a position it adds itself, said plainly.
@@ -49,9 +50,15 @@ def json_line_records(item: InputFile, lines: Iterator[tuple[int, str]], source:
         text = field_value(record, source.text_field)
         if not isinstance(text, str):
             problem = "has no" if text is None else f"has a non-string ({type(text).__name__})"
-            bad_record(f"{where}: record {problem} '{source.text_field}' field.", config, counts, source)
+            hint = nearest_field_hint(record, source.text_field) if text is None else ""
+            bad_record(f"{where}: record {problem} '{source.text_field}' field.{hint}", config, counts, source)
             continue
-        yield group_key(record, fields), text, where
+        key = group_key(record, fields)
+        missing = missing_group_field(key, fields)
+        if missing is not None:
+            bad_group_record(f"{where}: record", missing, record, config, counts, source)
+            continue
+        yield key, text, where
 
 
 def starts_with_bracket(stream: Any) -> bool:
@@ -89,7 +96,13 @@ def json_array_records(item: InputFile, stream: Any, source: SourceConfig, confi
         count_record(source, counts)
         text = field_value(record, source.text_field)
         if not isinstance(text, str):
-            bad_record(f"{item.path}: record {index} has no string '{source.text_field}' field.", config,
+            hint = nearest_field_hint(record, source.text_field) if text is None else ""
+            bad_record(f"{item.path}: record {index} has no string '{source.text_field}' field.{hint}", config,
                        counts, source)
             continue
-        yield group_key(record, fields), text, f"{item.path}#{index}"
+        key = group_key(record, fields)
+        missing = missing_group_field(key, fields)
+        if missing is not None:
+            bad_group_record(f"{item.path}: record {index}", missing, record, config, counts, source)
+            continue
+        yield key, text, f"{item.path}#{index}"

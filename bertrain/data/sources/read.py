@@ -48,7 +48,7 @@ def read_documents(item: InputFile, source: SourceConfig, config: PrepareConfig,
 
 def _line_documents(item: InputFile, stream: Any, source: SourceConfig, config: PrepareConfig, counts: Counter,
                     skipped: list) -> Iterator[tuple]:
-    """Raw documents of an open text, JSON-lines or JSON file; binary and empty files are counted."""
+    """Raw documents of an open text, JSON-lines or JSON file; binary, UTF-16/32 and empty files are counted."""
     try:
         if item.format == "json" and starts_with_bracket(stream):
             counts["files_read"] += 1
@@ -58,9 +58,9 @@ def _line_documents(item: InputFile, stream: Any, source: SourceConfig, config: 
         limit = None if item.format in ("json", "jsonl") else config.max_line_chars
         lines = iter_lines(stream, item.path, limit, config.on_decode_error, counts)
         first = next(lines, None)
-    except BinaryFile:
-        counts["files_skipped_binary"] += 1
-        note_skipped(skipped, item.path, "binary")
+    except BinaryFile as unreadable:
+        counts[f"files_skipped_{unreadable.reason}"] += 1
+        note_skipped(skipped, item.path, unreadable.reason)
         return
     except (OSError, EOFError) as error:
         raise DataError(f"Cannot read {item.path}: {error}. Is the file damaged or truncated?") from None

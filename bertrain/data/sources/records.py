@@ -3,6 +3,7 @@ grouping consecutive records into documents (a source's `group_by`)."""
 
 from __future__ import annotations
 
+import difflib
 from collections import Counter
 from typing import Any, Iterator, Optional
 
@@ -12,6 +13,9 @@ from bertrain.errors import DataError
 
 RECORD_BATCH = 1024  # column values per batch read from Parquet, datasets and the hub
 FIX_FIELD = "Fix the data, set the source's text_field, or skip such records with --set prepare.on_bad_record=skip."
+FIX_GROUP_BY = ("Fix the data, correct the source's group_by (with --source: --set prepare.sources.N.group_by=[...]), "
+                "or skip such records with --set prepare.on_bad_record=skip.")
+MISSING = object()  # a group field the record lacks (None is a value: a field that is null)
 
 
 def field_value(record: Any, dotted: str) -> Any:
@@ -30,9 +34,49 @@ def group_fields(source: SourceConfig) -> list[str]:
     return [source.group_by] if isinstance(source.group_by, str) else list(source.group_by)
 
 
+def _lookup(record: Any, dotted: str) -> Any:
+    """The value at a dotted path, or MISSING when the path is absent."""
+    for part in dotted.split("."):
+        if not isinstance(record, dict) or part not in record:
+            return MISSING
+        record = record[part]
+    return record
+
+
 def group_key(record: Any, fields: list[str]) -> tuple:
-    """The values of the group fields of a record (None where a field is absent)."""
-    return tuple(field_value(record, name) for name in fields)
+    """The values of the group fields of a record (MISSING where a field is absent)."""
+    return tuple(_lookup(record, name) for name in fields)
+
+
+def missing_group_field(key: tuple, fields: list[str]) -> Optional[str]:
+    """The first group field a record's key lacks, or None."""
+    return next((name for name, value in zip(fields, key) if value is MISSING), None)
+
+
+def nearest_field_hint(record: Any, dotted: str) -> str:
+    """For a field a record lacks: " Did you mean 'chapter'?" (the nearest name where the path stops), else the
+    names there, so that a typo in text_field or group_by is easy to see."""
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(record, dict):
+            return ""
+        if part not in record:
+            names = [str(name) for name in record]
+            close = difflib.get_close_matches(part, names, n=1)
+            if close:
+                return f" Did you mean '{'.'.join(parts[:depth] + close)}'?"
+            return f" Its fields: {', '.join(names[:10])}." if names else ""
+        record = record[part]
+    return ""
+
+
+def bad_group_record(which: str, field: str, record: Any, config: PrepareConfig, counts: Counter,
+                     source: SourceConfig) -> None:
+    """A record (`which`: "FILE:LINE: record") lacking a group_by field: grouping it would put it in the wrong
+    document."""
+    hint = nearest_field_hint(record, field) if record is not None else ""
+    bad_record(f"{which} has no '{field}' field (named in the source's group_by).{hint}", config, counts,
+               source, fix=FIX_GROUP_BY)
 
 
 def count_record(source: SourceConfig, counts: Counter) -> None:
@@ -86,12 +130,16 @@ def column_records(item: InputFile, batches: Iterator[tuple[list, Optional[list]
                    config: PrepareConfig, counts: Counter) -> Iterator[tuple[tuple, str, str]]:
     """(group key, text, origin) records from column batches; non-strings are bad records."""
     row = 0
+    fields = group_fields(source)
     for values, keys in batches:
         for index, value in enumerate(values):
             count_record(source, counts)
+            missing = missing_group_field(keys[index], fields) if keys is not None else None
             if not isinstance(value, str):
                 bad_record(f"{item.path}: row {row} has a {type(value).__name__} in '{source.text_field}', "
                            f"not a string.", config, counts, source)
+            elif missing is not None:
+                bad_group_record(f"{item.path}: row {row}", missing, None, config, counts, source)
             else:
                 yield (keys[index] if keys is not None else ()), value, f"{item.path}#{row}"
             row += 1

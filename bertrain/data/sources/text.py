@@ -12,6 +12,12 @@ from bertrain.data.sources.lookup import InputFile
 
 
 MAX_THAI_SENTENCE_CHARS = 300  # Thai marks no sentence ends: a line this short may be one (UD Thai: 99% are)
+GUESSED_LAYOUTS = ("sentence_per_line", "paragraphs")
+
+
+def guessed_layout_count(layout: str) -> str:
+    """The count of text files `text_layout: auto` read with `layout` (prepare says per source what it chose)."""
+    return f"files_text_layout_auto_{layout}"
 
 
 def _ends_sentence(line: str) -> bool:
@@ -40,6 +46,7 @@ def text_documents(item: InputFile, lines: Iterator[tuple[int, str]], source: So
             if len(head) >= 400:
                 break
         layout = guess_text_layout([line for _, line in head])
+        counts[guessed_layout_count(layout)] += 1
         lines = chain(head, lines)
     if layout == "sentence_per_line":
         document, start = [], 0

@@ -1,0 +1,210 @@
+"""What a user audit of `bertrain prepare` found silent or late, now said at once: a group_by field no record has,
+SIGTERM (a preemption) mid-prepare, an empty validation split and the layout `text_layout: auto` chose, a vocabulary
+too small, replacing finished prepared data, and a --set example the command accepts."""
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from rich.console import Console
+
+from bertrain.config import PrepareConfig, Recipe, SourceConfig, TokenizerConfig
+from bertrain.data.format import open_prepared
+from bertrain.data.prepare import prepare_corpus
+from bertrain.data.sources.pydoc import write_pydoc_corpus
+from bertrain.errors import DataError
+from tests.helpers import ROOT, check_identity, default_ctrl_c, pretrain_env
+from tests.test_ctrl_c import WAIT, prepare_command
+
+SENTENCES = "".join(f"Sentence number {i} is fine.\nAnother sentence {i} follows here.\n\n" for i in range(30))
+
+
+def prepare(tmp_path, name, *sources, vocab_size=200, **prepare_keys):
+    """prepare_corpus on these sources: (manifest, what it printed)."""
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    keys = {"num_shards": 1, "validation_fraction": 0.0, "workers": 1, **prepare_keys}
+    recipe = Recipe(prepare=PrepareConfig(sources=list(sources), **keys),
+                    tokenizer=TokenizerConfig(vocab_size=vocab_size))
+    manifest = prepare_corpus(recipe, tmp_path / name, console=console)
+    check_identity(manifest["counts"])
+    return manifest, console.file.getvalue()
+
+
+def write_verses(path, drop_chapter_of=()):
+    """Two books of two chapters of three one-sentence verses; records at the indices given lack `chapter`."""
+    records = [{"book": book, "chapter": chapter, "verse": verse, "text": f"Verse {verse} of {chapter} in {book}."}
+               for book in ("Genesis", "Exodus") for chapter in (1, 2) for verse in (1, 2, 3)]
+    for index in drop_chapter_of:
+        del records[index]["chapter"]
+    if path.suffix == ".json":
+        path.write_text(json.dumps(records))
+    else:
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return records
+
+
+@pytest.mark.parametrize("group_by,missing,nearest", [(["book", "chaptr"], "chaptr", "chapter"),
+                                                      (["bok"], "bok", "book")])
+def test_a_group_by_field_no_record_has_is_a_bad_record_that_names_the_nearest_field(tmp_path, run_cli, group_by,
+                                                                                      missing, nearest):
+    path = tmp_path / "verses.jsonl"
+    write_verses(path)
+    with pytest.raises(DataError, match=rf"verses.jsonl:1: record has no '{missing}' field \(named in the source's "
+                                        rf"group_by\)\. Did you mean '{nearest}'\?.*on_bad_record=skip"):
+        prepare(tmp_path, "d", SourceConfig(path=str(path), group_by=group_by))
+    code, _, err = run_cli("prepare", "--source", str(path), "--out", str(tmp_path / "cli"), "--vocab-size", "200",
+                           "--set", f"prepare.sources.0.group_by={json.dumps(group_by)}")
+    assert code == 1 and f"no '{missing}' field" in err and "Traceback" not in err
+
+
+def test_records_lacking_a_group_by_field_are_skipped_and_counted(tmp_path):
+    for name in ("verses.jsonl", "verses.json"):
+        path = tmp_path / name
+        write_verses(path, drop_chapter_of=(4,))  # the second chapter of Genesis loses its second verse
+        with pytest.raises(DataError, match=r"(verses.jsonl:5: record|record 4) has no 'chapter' field"):
+            prepare(tmp_path, f"error-{name}", SourceConfig(path=str(path), group_by=["book", "chapter"]))
+        manifest, _ = prepare(tmp_path, f"skip-{name}", SourceConfig(path=str(path), group_by=["book", "chapter"]),
+                              on_bad_record="skip")
+        counts = manifest["counts"]
+        assert counts["records_read"] == 12 and counts["documents_bad_record"] == 1
+        assert counts["documents_written"] == 4  # the four chapters, none merged with its neighbour
+
+
+def test_nested_group_by_field_suggests_the_full_path(tmp_path):
+    path = tmp_path / "nested.jsonl"
+    path.write_text(json.dumps({"book": "A", "meta": {"chapter": 1}, "text": "One verse here."}) + "\n")
+    with pytest.raises(DataError, match=r"no 'meta.chaptr' field .*Did you mean 'meta.chapter'\?"):
+        prepare(tmp_path, "d", SourceConfig(path=str(path), group_by=["book", "meta.chaptr"]))
+
+
+def wait_for(marker, process):
+    deadline = time.monotonic() + WAIT
+    while not marker.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "prepare never reached the paused shard"
+        time.sleep(0.05)
+    return int(marker.read_text())
+
+
+def assert_gone(pid):
+    """The process ends within a few seconds (a worker left running would hold the job's resources)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} still runs after prepare exited")
+
+
+def start_paused_prepare(tmp_path, corpus, marker):
+    return subprocess.Popen(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True,
+                            env=pretrain_env(PAUSE_MARKER=str(marker)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_ctrl_c)
+
+
+def assert_requeue_exit(process):
+    out, err = process.communicate(timeout=WAIT)
+    assert process.returncode == 75, f"{out}\n{err}"
+    assert "Traceback" not in err + out, err
+    lines = [line for line in err.splitlines() if "run the same command again to resume" in line]
+    assert len(lines) == 1, err
+    done = re.fullmatch(r"prepare interrupted; (\d) of 5 shards done; run the same command again to resume\.",
+                        lines[0].strip())
+    assert done and int(done[1]) < 5, lines
+
+
+def test_sigterm_during_prepare_exits_75_stops_the_workers_and_resumes(tmp_path):
+    corpus = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus)
+    marker = tmp_path / "paused"
+    process = start_paused_prepare(tmp_path, corpus, marker)
+    worker = wait_for(marker, process)
+    process.send_signal(signal.SIGTERM)  # `kill PID`: the workers get nothing, prepare must stop them
+    assert_requeue_exit(process)
+    assert_gone(worker)
+    assert not (tmp_path / "data" / "manifest.json").exists()
+
+    again = subprocess.run(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True, env=pretrain_env(),
+                           capture_output=True, timeout=WAIT)
+    assert again.returncode == 0, again.stderr
+    fresh = subprocess.run(prepare_command(corpus, tmp_path / "fresh"), cwd=ROOT, text=True, env=pretrain_env(),
+                           capture_output=True, timeout=WAIT)
+    assert fresh.returncode == 0, fresh.stderr
+    assert open_prepared(tmp_path / "data").fingerprint == open_prepared(tmp_path / "fresh").fingerprint
+
+
+def test_sigterm_to_the_whole_process_group_exits_75(tmp_path):
+    corpus = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus)
+    marker = tmp_path / "paused"
+    process = start_paused_prepare(tmp_path, corpus, marker)
+    worker = wait_for(marker, process)
+    os.killpg(process.pid, signal.SIGTERM)  # a scheduler's preemption reaches prepare and its workers at once
+    assert_requeue_exit(process)
+    assert_gone(worker)
+
+
+def test_empty_validation_split_warns_and_the_guessed_layout_is_said_per_source(tmp_path):
+    paragraphs = tmp_path / "paragraphs"
+    paragraphs.mkdir()
+    for name in ("a", "b"):  # multi-sentence lines between blank lines: `auto` reads each file as one document
+        (paragraphs / f"{name}.txt").write_text("".join(f"First {name}{i} here. Then a second one {i}.\n\n"
+                                                        for i in range(20)))
+    (tmp_path / "lines.txt").write_text(SENTENCES)
+    sources = [SourceConfig(path=str(paragraphs)), SourceConfig(path=str(tmp_path / "lines.txt"))]
+    manifest, out = prepare(tmp_path, "d", *sources, validation_fraction=0.001)
+    assert manifest["splits"]["validation"]["documents"] == 0
+    assert re.search(r"Warning: the validation split has 0 documents: prepare\.validation_fraction 0\.001 of 32 "
+                     r"document\(s\).*evaluation will be skipped\. Raise --validation-fraction", out), out
+    assert f"text_layout auto read source 0 ({paragraphs}): 2 file(s) as paragraphs (" in out
+    assert "--set prepare.sources.0.text_layout=sentence_per_line" in out
+    assert f"text_layout auto read source 1 ({tmp_path / 'lines.txt'}): 1 file(s) as sentence_per_line." in out
+    _, out = prepare(tmp_path, "none-asked", *sources, validation_fraction=0.0)
+    assert "validation split" not in out  # no validation was asked for
+    _, out = prepare(tmp_path, "set", SourceConfig(path=str(paragraphs), text_layout="paragraphs"))
+    assert "text_layout auto" not in out  # a layout the user set is not a guess
+
+
+@pytest.mark.parametrize("size", ["0", "-5", "10"])
+def test_a_vocabulary_too_small_is_refused_before_reading(tmp_path, run_cli, size):
+    # The source does not exist: reading it first would fail with exit 1 and "does not exist".
+    missing = str(tmp_path / "missing.jsonl")
+    code, _, err = run_cli("prepare", "--source", missing, "--out", str(tmp_path / "d"), "--vocab-size", size)
+    assert code == 2 and f"tokenizer.vocab_size {size} is too small (at least 16)" in err, err
+    assert not (tmp_path / "d").exists()
+    code, _, err = run_cli("tokenizer", "train", "--source", missing, "--out", str(tmp_path / "t"),
+                           "--vocab-size", size)
+    assert code == 2 and f"tokenizer.vocab_size {size} is too small" in err, err
+
+
+def test_replacing_finished_data_says_the_old_fingerprint_and_what_changed(tmp_path):
+    (tmp_path / "lines.txt").write_text(SENTENCES)
+    source = SourceConfig(path=str(tmp_path / "lines.txt"))
+    first, out = prepare(tmp_path, "d", source, vocab_size=200)
+    assert "Note: replacing" not in out  # a new DATA_DIR replaces nothing
+    old = first["fingerprint"][:12]
+    second, out = prepare(tmp_path, "d", source, vocab_size=150)
+    notes = [line for line in out.splitlines() if line.startswith("Note: replacing")]
+    assert len(notes) == 1 and f"(fingerprint {old})" in notes[0], out
+    assert "tokenizer.vocab_size 200 → 150" in notes[0] and "will refuse to resume" in notes[0]
+    assert f"fingerprint {old} → {second['fingerprint'][:12]}" in out
+    _, out = prepare(tmp_path, "d", source, vocab_size=150)
+    assert "Note: replacing" not in out and "up to date" in out
+
+
+@pytest.mark.parametrize("command", [["prepare"], ["tokenizer", "train"]])
+def test_the_help_example_of_set_is_a_key_the_command_accepts(tmp_path, run_cli, command):
+    code, help_text, _ = run_cli(*command, "--help")
+    example = re.search(r"Override a config key: --set[\s│]+(\S+=\S+)", help_text)  # across the box's border
+    assert code == 0 and example and "optim." not in example[1], help_text
+    (tmp_path / "lines.txt").write_text(SENTENCES)
+    code, _, err = run_cli(*command, "--source", str(tmp_path / "lines.txt"), "--out", str(tmp_path / "out"),
+                           "--vocab-size", "200", "--set", example[1])
+    assert code == 0, err
