@@ -148,7 +148,7 @@ def test_hub_unreachable_without_offline_flag_fails_at_once(monkeypatch):
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(hub, "_hub_reachable", lambda timeout=5.0: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=5.0: False)
     start = time.perf_counter()
     with pytest.raises(DataError, match="'wikimedia/wikipedia': the Hugging Face hub is not reachable"):
         read_all("wikimedia/wikipedia", format="hub", name="20231101.en")

@@ -275,6 +275,20 @@ def test_glue_without_a_dir_or_the_hub_says_what_to_do(tmp_path, monkeypatch):
         task.load()
 
 
+def test_glue_with_the_hub_unreachable_fails_at_once_without_asking_datasets(monkeypatch):
+    import datasets
+
+    from bertrain.data import tasks as tasks_module
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(tasks_module, "hub_reachable", lambda timeout=5.0: False)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail("datasets was asked"))
+    (task,) = resolve_tasks("rte", None)
+    with pytest.raises(DataError, match="'rte': the Hugging Face hub is not reachable.*DATASETS_OFFLINE=1.*glue-dir"):
+        task.load()
+
+
 def test_glue_from_the_hub_reads_the_hub_columns_and_splits(monkeypatch):
     # No network here: datasets.load_dataset stands in with the hub's own schema (nyu-mll/glue, MNLI's two dev splits).
     import datasets

@@ -10,6 +10,7 @@ from typing import Callable
 from bertrain.config import read_yaml
 from bertrain.config.finetune import TaskFile, finetune_config
 from bertrain.config.yaml_tree import build_dataclass
+from bertrain.data.sources.hub import hub_offline, hub_reachable
 from bertrain.data.task_files import Examples, float_label, label_lookup, label_names, read_examples
 from bertrain.errors import ConfigError, DataError
 
@@ -91,6 +92,9 @@ def _glue_from_dir(spec: GlueSpec, glue_dir: Path) -> tuple[Examples, dict[str, 
 
 
 def _glue_from_hub(name: str, spec: GlueSpec) -> tuple[Examples, dict[str, Examples]]:
+    if not hub_offline() and not hub_reachable():  # datasets would retry for ~30 s before failing: say it at once
+        raise DataError(f"Cannot load GLUE task '{name}': the Hugging Face hub is not reachable (no network?). If "
+                        f"GLUE is in your datasets cache, set HF_DATASETS_OFFLINE=1 to load it from there. {GLUE_HELP}")
     try:
         import datasets
 

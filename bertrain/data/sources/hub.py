@@ -17,7 +17,7 @@ from bertrain.errors import DataError
 PACKAGED_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "webdataset", "imagefolder")
 
 
-def _hub_reachable(timeout: float = 5.0) -> bool:
+def hub_reachable(timeout: float = 5.0) -> bool:
     """Whether the Hugging Face hub answers a TCP connection within `timeout` seconds."""
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
@@ -27,14 +27,19 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
         return False
 
 
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE or HF_DATASETS_OFFLINE tells `datasets` to use its cache only."""
+    return any(os.environ.get(name, "") not in ("", "0") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
 def hub_batches(item: InputFile, source: SourceConfig) -> Iterator[tuple[list, Optional[list]]]:
     """Batches of (text field values, group keys or None) of a streamed `datasets.load_dataset` split."""
     # Short timeouts so a machine without network fails in seconds instead of hanging.
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
-    offline = any(os.environ.get(name, "") not in ("", "0") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    offline = hub_offline()
     local = source.path in PACKAGED_BUILDERS or Path(source.path).exists()
-    if not offline and not local and not _hub_reachable():
+    if not offline and not local and not hub_reachable():
         # datasets would retry for ~30 s before failing; say it at once.
         raise DataError(f"Cannot load dataset '{source.path}': the Hugging Face hub is not reachable (no "
                         f"network?). Download it on a machine with network and use `datasets.save_to_disk` "
