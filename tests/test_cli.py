@@ -190,3 +190,12 @@ def test_a_preempted_run_is_not_printed_as_an_error(run_cli, tmp_path, monkeypat
     code, _, err = run_cli("pretrain", "--config", "tiny_bert", "--data", str(tmp_path))
     assert code == 75
     assert "Error" not in err and "after step 29" in err and "to resume" in err
+
+
+@pytest.mark.parametrize("args", [("inspect", "DATA", "--documents", "-1"),
+                                  ("inspect", "DATA", "--pairs", "--batches", "0"),
+                                  ("inspect-model", "tiny_albert", "--vocab-size", "0")])
+def test_counts_out_of_range_are_usage_errors_naming_the_option(run_cli, args):
+    """Before, --vocab-size 0 was read as "not given" (the default vocabulary) and the others were accepted."""
+    code, out, err = run_cli(*args)
+    assert code == 2 and args[-2] in out + err

@@ -147,8 +147,8 @@ def inspect(
     pairs: bool = typer.Option(False, "--pairs", help="Show training pairs and masked batches instead."),
     config: Optional[str] = typer.Option(None, "--config", "-c", metavar="NAME|FILE",
                                          help="Training config for --pairs."),
-    batches: int = typer.Option(1, "--batches", help="Batches to show with --pairs."),
-    documents: int = typer.Option(3, "--documents", help="Documents to decode in the summary."),
+    batches: int = typer.Option(1, "--batches", min=1, help="Batches to show with --pairs."),
+    documents: int = typer.Option(3, "--documents", min=0, help="Documents to decode in the summary."),
     audit: bool = typer.Option(False, "--audit", help="With --pairs: test whether surface features (lengths, "
                                "[SEP] position, word pieces, punctuation) predict the NSP/SOP label, with "
                                "lookup probes fit on training batches and scored on held-out documents."),
