@@ -146,7 +146,7 @@ def test_dry_run_reports_size_and_time_and_writes_nothing(run_cli, tmp_path, tin
     text = " ".join(out.replace("│", " ").split())
     from bertrain.config import load_config
     from bertrain.data.format import open_prepared
-    from bertrain.data.loader import num_micro_batches
+    from bertrain.data.loader import num_micro_batches, train_dataset
     from bertrain.model import build_model
 
     prepared = open_prepared(tiny_data)
@@ -157,10 +157,36 @@ def test_dry_run_reports_size_and_time_and_writes_nothing(run_cli, tmp_path, tin
     assert f"parameters {parameters:,}" in text
     assert f"steps per epoch {steps:,.1f}" in text
     assert "total steps 40" in text
-    assert f"tokens per epoch {prepared.manifest['splits']['train']['tokens']:,}" in text
+    dataset = train_dataset(prepared, resolved.data, seed=42, epoch=0, micro_batch_size=8, rank=0, world_size=1)
+    trained = sum(int(dataset[i]["attention_mask"].sum()) for i in range(len(dataset)))  # what the epoch's steps count
+    assert f"tokens per epoch {trained:,} (its instances" in text
     for label in ("checkpoint size", "disk needed", "estimated time"):
         assert label in text
     assert not run_dir.exists()
+
+
+def test_a_token_budget_plans_the_schedule_it_runs(run_cli, tmp_path, tiny_data, fresh_accelerate):
+    """train.max_tokens: the lr schedule's length is the step the budget ends at (NSP's negatives make an epoch
+    train ~25% more tokens than the split holds: sized from the split, the run stopped at 80% of its schedule)."""
+    from bertrain.config import load_config
+    from bertrain.data.format import open_prepared
+    from bertrain.data.loader import train_dataset
+
+    prepared = open_prepared(tiny_data)
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": None, "save_every": 1000, "eval_every": 0})
+    data_config = load_config(config, ["train.max_tokens=1"]).data
+    dataset = train_dataset(prepared, data_config, seed=42, epoch=0, micro_batch_size=8, rank=0, world_size=1)
+    per_step = [int(dataset[i]["attention_mask"].sum()) for i in range(len(dataset))]
+    budget = sum(per_step[:len(per_step) * 2 // 3])  # ends inside the first epoch, whose plan sizes the schedule
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir", str(run_dir),
+                             "--set", f"train.max_tokens={budget}")
+    assert code == 0, err
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    planned = next(r["total_steps"] for r in records if r.get("kind") == "start")
+    stopped = next(r for r in records if r.get("kind") == "stop")
+    assert stopped["reason"] == "finished" and stopped["step"] == len(per_step) * 2 // 3
+    assert abs(planned - stopped["step"]) <= 1, (planned, stopped["step"])
 
 
 # ---------------------------------------------------------------------------------------------

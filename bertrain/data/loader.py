@@ -253,6 +253,15 @@ def num_micro_batches(prepared: PreparedData, data_config, *, seed: int, epoch: 
     return len(epoch_plan(prepared, data_config, seed=seed, epoch=epoch)) // (micro_batch_size * world_size)
 
 
+def epoch_tokens(prepared: PreparedData, data_config, *, seed: int, epoch: int, instances: int) -> int:
+    """Tokens an epoch's first `instances` instances train on (special tokens included: what a step counts), from
+    its plan: NSP's negatives and re-read segments make it differ from the split's size by 25% or more."""
+    plan = epoch_plan(prepared, data_config, seed=seed, epoch=epoch)
+    used = plan.order[:instances]
+    specials = 2 if data_config.objective == "none" else 3  # [CLS] A [SEP], or [CLS] A [SEP] B [SEP]
+    return int(plan.a_length[used].sum()) + int(plan.b_length[used].sum()) + specials * len(used)
+
+
 def train_dataset(prepared: PreparedData, data_config, *, seed: int, epoch: int, micro_batch_size: int, rank: int,
                   world_size: int) -> MicroBatchDataset:
     """This rank's micro-batches of an epoch as a map-style dataset; refuses an epoch with none."""

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from bertrain.config import Config, ModelConfig
 from bertrain.console import human_bytes, human_seconds
+from bertrain.data.loader import epoch_tokens
 from bertrain.train import fault_hooks
 from bertrain.train.stream import TrainStream
 
@@ -99,12 +100,15 @@ def _figures(config: Config, prepared, world: int, micro_batch_size: int, num_pa
     train = config.train
     steps_per_epoch = epoch_length / train.gradient_accumulation_steps
     disk = checkpoint_bytes * (train.keep_last + 1)
-    split = prepared.manifest["splits"]["train"]
+    tokens = int(prepared.manifest["splits"]["train"]["tokens"])  # with no micro-batch to plan: the corpus
+    if epoch_length:
+        tokens = epoch_tokens(prepared, config.data, seed=train.seed, epoch=0,
+                              instances=epoch_length * micro_batch_size * world)
     epochs = f"{total_steps / steps_per_epoch:,.2f}" if total_steps and steps_per_epoch else "-"
     return _table(f"pretrain --dry-run ({world} process(es))", [
         ("model", f"{config.model.type}, vocab {config.model.vocab_size}"),
         ("parameters", f"{num_parameters:,}"),
-        ("tokens per epoch", f"{int(split['tokens']):,}"),
+        ("tokens per epoch", f"{tokens:,}" + (" (its instances: pairs, special tokens)" if epoch_length else "")),
         ("sequences per step", f"{train.batch_size:,} x {config.data.max_seq_length} tokens"),
         ("micro-batch per process", f"{micro_batch_size} x {train.gradient_accumulation_steps} accumulation"),
         ("steps per epoch", f"{steps_per_epoch:,.1f}" if epoch_length else "0 (less data than one micro-batch)"),

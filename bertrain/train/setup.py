@@ -13,6 +13,7 @@ from rich.console import Console
 from bertrain import rundir
 from bertrain.config import Config, TrainConfig, dump_yaml
 from bertrain.data.format import PreparedData, open_prepared
+from bertrain.data.loader import epoch_tokens
 from bertrain.errors import ConfigError
 from bertrain.train.checkpoint import TrainState
 from bertrain.train.monitor import truncate_metrics
@@ -57,13 +58,12 @@ def build_accelerator(train: TrainConfig) -> Accelerator:
 
 def schedule_length(config: Config, prepared: PreparedData, epoch_length: int, micro_batch_size: int,
                     world_size: int) -> int:
-    """Length of the lr schedule: max_steps, or max_tokens over the estimated tokens per step."""
+    """Length of the lr schedule: max_steps, or max_tokens over the tokens per step of the first epoch's plan."""
     train = config.train
     if train.max_tokens is None:
         return int(train.max_steps)
-    split = prepared.manifest["splits"]["train"]
-    instances = max(epoch_length * micro_batch_size * world_size, 1)
-    tokens_per_epoch = int(split["tokens"]) + 3 * instances  # [CLS] [SEP] [SEP] per instance
+    tokens_per_epoch = max(1, epoch_tokens(prepared, config.data, seed=train.seed, epoch=0,
+                                           instances=epoch_length * micro_batch_size * world_size))
     steps_per_epoch = max(epoch_length / train.gradient_accumulation_steps, 1e-9)
     return max(1, math.ceil(train.max_tokens / (tokens_per_epoch / steps_per_epoch)))
 
