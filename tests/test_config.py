@@ -351,3 +351,18 @@ def test_explain_shows_each_source_key_by_its_set_name(run_cli, tmp_path):
     assert rows["prepare.sources.1.group_by"] == "['book', 'ch']" and rows["prepare.sources.0.group_by"] == "None"
     assert "SourceConfig(" not in out
     assert "[book,chapter]" in squeezed(out)  # the help's example, not swallowed as console markup
+
+
+def test_a_folder_named_like_a_shipped_config_does_not_hide_it(tmp_path, monkeypatch):
+    """`prepare --recipe pydoc` in a directory that holds a `pydoc/` folder read the folder as the config file."""
+    from bertrain.config import load_recipe, shipped_dir, to_dict
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pydoc").mkdir()
+    (tmp_path / "tiny_bert").mkdir()
+    shipped_recipe = load_recipe(shipped_dir("data_recipes") / "pydoc.yaml")
+    assert to_dict(load_recipe("pydoc")) == to_dict(shipped_recipe)
+    assert to_dict(load_config("tiny_bert")) == to_dict(load_config(shipped_dir("configs") / "tiny_bert.yaml"))
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigError, match="'mine' is a directory, not a YAML file"):
+        load_config("mine")

@@ -349,9 +349,10 @@ def describe_yaml(path: Path) -> str:
 
 
 def find_config_path(name: str | Path, kind: str = "configs") -> Path | None:
-    """A path as given if it exists, else the shipped file of that name (`albert_base`, `albert_base.yaml`)."""
+    """A file as given if it exists, else the shipped file of that name (`albert_base`, `albert_base.yaml`): a
+    directory that happens to have a shipped name (a `pydoc/` folder beside `--recipe pydoc`) does not hide it."""
     path = Path(name)
-    if path.exists():
+    if path.is_file():
         return path
     shipped = shipped_dir(kind) / (path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml")
     return shipped if shipped.is_file() else None
@@ -365,8 +366,9 @@ def resolve_config_path(name: str | Path, kind: str = "configs") -> Path:
     available = [p.stem for p in shipped_files(kind)]
     close = difflib.get_close_matches(Path(name).stem, available, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
+    what = "is a directory, not a YAML file" if Path(name).is_dir() else "does not exist"
     raise ConfigError(
-        f"Config file '{name}' does not exist, and no shipped {kind} file has that name.{hint} "
+        f"Config file '{name}' {what}, and no shipped {kind} file has that name.{hint} "
         f"Shipped: {', '.join(available) or 'none'}.")
 
 
