@@ -249,8 +249,23 @@ def run_demo(model: str = "albert", out: Path = Path("bertrain-demo"), steps: Op
         raise Interrupted(stop_advice(out, model, steps, quick), getattr(stop, "exit_code", 130)) from None
 
 
+def replaced_demo(out: Path) -> Optional[str]:
+    """The earlier demo in OUT that a new one (other settings) replaces, in words, or None."""
+    try:
+        state = json.loads((out / STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    finished = (out / "summary.json").is_file()
+    steps = f"{state['steps']} steps" if state.get("steps") else "default steps"
+    return f"the {'finished' if finished else 'unfinished'} {state.get('model', '?')} demo ({steps})"
+
+
 def _run_stages(model: str, out: Path, steps: Optional[int], quick: bool, console: Console) -> DemoResult:
     resume_from = resumable_step(out, model, steps) if out.is_dir() and (out / MARKER).exists() else None
+    earlier = replaced_demo(out) if resume_from is None and (out / MARKER).exists() else None
+    if earlier:  # its run, checkpoints and model go: say so before they do
+        console.print(f"Replacing {earlier} in {out} (pass --out DIR to keep both, e.g. --out {_quote(str(out))}-"
+                      f"{model}).", highlight=False)
     prepare_out_dir(out, keep=("corpus", "data", "recipe.yaml", "run", STATE) if resume_from is not None else ())
     config_name = f"demo_{model}"
     paths = {"corpus": out / "corpus", "recipe": out / "recipe.yaml", "data": out / "data", "run": out / "run",

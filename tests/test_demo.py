@@ -110,6 +110,28 @@ def test_a_demo_stopped_before_its_data_says_it_starts_over(tmp_path):
     assert f"Running `bertrain demo --out {out} --model bert --quick` again starts it over" in message
 
 
+def test_a_demo_with_other_settings_says_which_earlier_demo_it_replaces(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    out = tmp_path / "demo"
+    demo.prepare_out_dir(out)
+    (out / STATE).write_text(json.dumps({"model": "albert", "steps": None, "corpus": {}}))
+    (out / "summary.json").write_text("{}")
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "prepare_out_dir", stop)  # the replacement is said before anything is removed
+    console = Console(file=io.StringIO(), width=200)
+    with pytest.raises(Interrupted):
+        demo.run_demo(model="bert", out=out, quick=True, console=console)
+    said = " ".join(console.file.getvalue().split())
+    assert f"Replacing the finished albert demo (default steps) in {out} (pass --out DIR to keep both" in said
+    assert (out / "summary.json").is_file()
+
+
 def test_demo_refuses_a_directory_it_did_not_write(run_cli, tmp_path):
     (tmp_path / "precious.txt").write_text("keep me")
     code, _, err = run_cli("demo", "--out", str(tmp_path), "--quick")
