@@ -73,6 +73,25 @@ def test_a_quick_micro_batch_is_measured_once_at_its_own_size(run_cli, tiny_data
     assert "measured step time 1.000 s (2 micro-batch(es))" in text and "estimated time 0m40s" in text
 
 
+def test_the_estimate_uses_the_thread_count_the_run_would_choose(run_cli, tiny_data, tmp_path, monkeypatch,
+                                                                 fresh_accelerate):
+    """train.threads auto on a busy CPU: the run picks 1 thread where 2 are 8x slower; the dry run did not."""
+    import torch
+
+    from bertrain.train import threads
+
+    monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: 1e15)
+    monkeypatch.setattr(threads, "plan_threads", lambda *a, **k: threads.ThreadPlan([2, 1], "train.threads=auto"))
+    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: {2: 0.8, 1: 0.1}[torch.get_num_threads()])
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 40, "deterministic": False, "threads": "auto"})
+    code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                             str(tmp_path / "R"), "--dry-run")
+    assert code == 0, err
+    text = " ".join(out.replace("│", " ").split())
+    assert "one micro-batch (measured) 0.100 s (1 thread(s), as train.threads auto would choose" in text
+    assert "estimated time 0m04s" in text
+
+
 def test_sigterm_ends_a_dry_run_at_once_with_its_figures(tiny_data, tmp_path):
     config = write_config(tmp_path / "tiny.yaml")
     env = pretrain_env(BERTRAIN_TEST_STEP_DELAY="600")  # the measured micro-batch would take 10 minutes

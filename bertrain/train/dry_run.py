@@ -79,6 +79,29 @@ def measure_micro_batch(model, accelerator, batch: dict, warmup_rows: int = 1) -
     return seconds
 
 
+def measure_as_the_run_would(model, accelerator, batch: dict, warmup_rows: int, config: Config,
+                             expected: float) -> tuple[float, str]:
+    """(seconds, which thread count) of one micro-batch at the thread count the run would choose: under
+    `train.threads: auto` each count it compares (when quick enough), as another job on the cores changes which
+    wins (2 threads took 0.96 s, 1 thread 0.13 s on a shared 2-core CPU)."""
+    from bertrain.train.threads import choose_threads, plan_threads  # threads.py measures with this module's pass
+
+    train = config.train
+    plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=accelerator.num_processes,
+                        deterministic=train.deterministic)
+    default = torch.get_num_threads()
+    if plan is None or not plan.auto or expected * len(plan.candidates) > QUICK_SECONDS:
+        return measure_micro_batch(model, accelerator, batch, warmup_rows), ""
+    seconds = {}
+    for count in plan.candidates:
+        torch.set_num_threads(count)
+        seconds[count] = [measure_micro_batch(model, accelerator, batch, warmup_rows)]
+    chosen = choose_threads(seconds, default)
+    torch.set_num_threads(chosen)
+    compared = ", ".join(f"{count}: {times[0]:.3f} s" for count, times in seconds.items())
+    return seconds[chosen][0], f"{chosen} thread(s), as train.threads auto would choose; {compared}"
+
+
 def repetition_warning(config: Config, epoch_length: int, total_steps: int) -> str | None:
     """A warning when the plan passes over the training data more than MAX_EPOCHS_UNREMARKED times, else None."""
     steps_per_epoch = epoch_length / config.train.gradient_accumulation_steps
@@ -157,7 +180,7 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         # Warm up on the whole micro-batch when that is cheap: a first pass at a new shape ran ~10x slower here.
         batch = stream.next()
         warmup_rows = len(batch["input_ids"]) if expected <= WHOLE_WARMUP_SECONDS else 1
-        seconds = measure_micro_batch(model, accelerator, batch, warmup_rows)
+        seconds, threads = measure_as_the_run_would(model, accelerator, batch, warmup_rows, config, expected)
         fault_hooks.fire("STEP_DELAY", 0)  # after the measurement: a slow dry run for the signal test
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
         if isinstance(error, RuntimeError) and "memory" not in str(error):
@@ -167,7 +190,7 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         return
     step = seconds * accumulation
     console.print(_table("time estimate", [
-        ("one micro-batch (measured)", f"{seconds:.3f} s"),
+        ("one micro-batch (measured)", f"{seconds:.3f} s" + (f" ({threads})" if threads else "")),
         ("measured step time", f"{step:.3f} s ({accumulation} micro-batch(es))"),
         ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)")]))
 
