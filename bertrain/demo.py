@@ -255,9 +255,8 @@ def replaced_demo(out: Path) -> Optional[str]:
         state = json.loads((out / STATE).read_text())
     except (OSError, ValueError):
         return None
-    finished = (out / "summary.json").is_file()
     steps = f"{state['steps']} steps" if state.get("steps") else "default steps"
-    return f"the {'finished' if finished else 'unfinished'} {state.get('model', '?')} demo ({steps})"
+    return f"the {'' if (out / 'summary.json').is_file() else 'un'}finished {state.get('model', '?')} demo ({steps})"
 
 
 def _run_stages(model: str, out: Path, steps: Optional[int], quick: bool, console: Console) -> DemoResult:

@@ -81,7 +81,7 @@ def test_the_estimate_uses_the_thread_count_the_run_would_choose(run_cli, tiny_d
     from bertrain.train import threads
 
     monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: 1e15)
-    monkeypatch.setattr(threads, "plan_threads", lambda *a, **k: threads.ThreadPlan([2, 1], "train.threads=auto"))
+    monkeypatch.setattr(dry_run, "plan_threads", lambda *a, **k: threads.ThreadPlan([2, 1], "train.threads=auto"))
     monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: {2: 0.8, 1: 0.1}[torch.get_num_threads()])
     config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 40, "deterministic": False, "threads": "auto"})
     code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",

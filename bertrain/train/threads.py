@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 
 from bertrain.config import Config
-from bertrain.train.dry_run import MATMUL_SHARE, forward_backward, matmul_rate, training_flops
 from bertrain.train.monitor import SLOW_SHARE
+from bertrain.train.step_cost import MATMUL_SHARE, forward_backward, matmul_rate, training_flops
 from bertrain.train.stream import TrainStream
 
 # The default count is kept unless another one is this much faster: on an idle machine nothing changes.
