@@ -116,7 +116,8 @@ class ModelConfig:
         "Inference and export always run padded.")
     init_from: Optional[str] = opt(
         None, "Start from existing weights: a local transformers BERT/ALBERT directory (continued pretraining) "
-        "or a bertrain checkpoint dir / RUN_DIR (e.g. BERT phase 2 from phase 1). Shapes must match this section.")
+        "or a bertrain checkpoint dir / RUN_DIR (e.g. BERT phase 2 from phase 1). Shapes must match this section, "
+        "and its tokenizer this run's DATA_DIR's (checked: exit 2 otherwise); optimizer and lr schedule start fresh.")
 
 
 @dataclass

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from bertrain import rundir
-from bertrain.config import ModelConfig
+from bertrain.config import ConfigWarning, ModelConfig
 from bertrain.errors import ConfigError, DataError
 from bertrain.files import honour_umask
 from bertrain.model import PreTrainingModel, build_model, load_weights, unwrap
 from bertrain.model.bert import embedding_size
-from bertrain.model.from_checkpoint import model_from_checkpoint
+from bertrain.model.from_checkpoint import (WORDS, architecture_error, architecture_of, check_checkpoint_tokenizer,
+                                            check_vocabulary, check_weights_fit, model_from_checkpoint,
+                                            position_hint, read_vocabulary, unfinished_run_warning, weight_shapes)
 from bertrain.special_tokens import SPECIAL_TOKENS
 from bertrain.tokenizer_file import TOKENIZER_FILES, load_tokenizer
 
@@ -283,29 +286,75 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
             "skipped": skipped}
 
 
-def initialize_from(model, path: str | Path) -> str:
-    """`model.init_from`: load a transformers dir, checkpoint, RUN_DIR or safetensors file; a one-line description."""
+def initialize_from(model, path: str | Path, run_tokenizer: str | Path | None = None,
+                    warn: Callable[[str], None] | None = None) -> str:
+    """`model.init_from`: load a transformers dir, checkpoint, RUN_DIR or safetensors file; a one-line description.
+    With `run_tokenizer` (the run's DATA_DIR/tokenizer), weights of another vocabulary are refused."""
+    warn = warn or (lambda message: warnings.warn(message, ConfigWarning, stacklevel=3))
     model = unwrap(model)
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"model.init_from: {path} does not exist.")
+    here = None
+    if run_tokenizer is not None and (Path(run_tokenizer) / "tokenizer.json").is_file():
+        run_tokenizer = Path(run_tokenizer)
+        here = read_vocabulary(run_tokenizer)
     if path.is_file():
+        shapes = weight_shapes(path)
+        if here is not None:
+            there = read_vocabulary(path.parent)
+            if there is None:
+                warn(f"model.init_from: {path} comes without a tokenizer (no tokenizer.json beside it), so it could "
+                     "not be checked that its ids mean this run's tokens; make sure its vocabulary is this run's.")
+            else:
+                check_vocabulary(there, here, str(path), path.parent, _rows_fit(model, shapes), warn)
+        check_weights_fit(model, path, shapes, str(path))
         load_weights(model, path)
         return f"weights from {path}"
     if (path / "config.json").is_file():
-        theirs = model_config_from_hf(path)
-        mine = model.config
-        keys = ("type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings", "type_vocab_size", "hidden_act")
-        if theirs.type == "albert":
-            keys += ("embedding_size", "num_hidden_groups", "inner_group_num")
-        differ = [f"{k}: {getattr(theirs, k)} there, {getattr(mine, k)} here" for k in keys
-                  if getattr(theirs, k) != getattr(mine, k)]
-        if differ:
-            raise ConfigError(f"model.init_from: {path} does not match the model config ({'; '.join(differ)}). "
-                              "Set the model section to the checkpoint's shape.")
+        _check_hf_dir(model, path, here, warn)
         fresh = load_hf_state_dict(model, read_hf_weights(path), source=f"The weights in {path}")
         return f"transformers weights from {path}" + (f" (freshly initialized: {', '.join(fresh)})" if fresh else "")
     checkpoint = rundir.resolve_checkpoint(path)
-    load_weights(model, checkpoint / rundir.WEIGHTS)
+    weights = checkpoint / rundir.WEIGHTS
+    shapes = weight_shapes(weights)
+    unfinished = unfinished_run_warning(checkpoint)
+    if unfinished:
+        warn(unfinished)
+    theirs = architecture_of(shapes or {})
+    if theirs is not None and theirs != model.config.type:
+        raise architecture_error(f"checkpoint {checkpoint}", theirs, model.config.type)
+    if here is not None:
+        check_checkpoint_tokenizer(checkpoint, run_tokenizer, here, _rows_fit(model, shapes), warn)
+    check_weights_fit(model, weights, shapes, f"checkpoint {checkpoint}")
+    load_weights(model, weights)
     return f"bertrain checkpoint {checkpoint}"
+
+
+def _rows_fit(model, shapes: dict[str, tuple[int, ...]] | None) -> bool:
+    return shapes is not None and shapes.get(WORDS, (None,))[0] == model.config.vocab_size
+
+
+def _check_hf_dir(model, path: Path, here: dict[str, int] | None, warn: Callable[[str], None]) -> None:
+    """A transformers dir's config against the model's (architecture first), and its tokenizer against the run's."""
+    theirs = model_config_from_hf(path)
+    mine = model.config
+    if theirs.type != mine.type:
+        raise architecture_error(str(path), theirs.type, mine.type)
+    if here is not None:
+        there = read_vocabulary(path)
+        if there is None:
+            warn(f"model.init_from: {path} has no tokenizer.json or vocab.txt, so it could not be checked that its "
+                 "ids mean this run's tokens; make sure its vocabulary is this run's.")
+        else:
+            check_vocabulary(there, here, str(path), path, theirs.vocab_size == mine.vocab_size, warn)
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings", "type_vocab_size", "hidden_act")
+    if theirs.type == "albert":
+        keys += ("embedding_size", "num_hidden_groups", "inner_group_num")
+    differ = [f"{k}: {getattr(theirs, k)} there, {getattr(mine, k)} here" for k in keys
+              if getattr(theirs, k) != getattr(mine, k)]
+    if differ:
+        hint = position_hint(theirs.max_position_embeddings, mine.max_position_embeddings)
+        raise ConfigError(f"model.init_from: {path} does not match the model config ({'; '.join(differ)})."
+                          + (hint or " Set the model section to the checkpoint's shape."))

@@ -162,13 +162,13 @@ class Trainer:
 
     def _build_model(self, resume_path: Path | None):
         """The model, initialized alike on every rank (and from model.init_from on a fresh run)."""
-        config = self.config
-        set_seed(config.train.seed)
-        model = build_model(config.model)
-        if config.model.init_from and resume_path is None:
-            loaded = initialize_from(model, config.model.init_from)
+        set_seed(self.config.train.seed)
+        model = build_model(self.config.model)
+        if self.config.model.init_from and resume_path is None:
+            loaded = initialize_from(model, self.config.model.init_from, self.prepared.tokenizer_dir)
             if self.accelerator.is_main_process:
-                self.console.print(f"Initialized from {loaded}", highlight=False)
+                self.console.print(f"Initialized from {loaded}; the optimizer and lr schedule start fresh (step 0): "
+                                   "init_from loads weights only.", highlight=False)
         return model, model.num_parameters()
 
     def _prepare_training(self, model, resume_path: Path | None, state: TrainState, total_steps: int):
