@@ -92,6 +92,29 @@ def test_the_estimate_uses_the_thread_count_the_run_would_choose(run_cli, tiny_d
     assert "estimated time 0m04s" in text
 
 
+def test_a_dry_run_on_a_run_dir_says_what_the_run_would_resume_or_refuse(run_cli, tiny_data, tmp_path,
+                                                                          fresh_accelerate):
+    """It resumed nothing and said nothing: a finished run's dry run planned from step 0, and a change the real run
+    refuses (exit 2) went unmentioned."""
+    config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 4, "save_every": 2, "eval_every": 0})
+    run_dir = tmp_path / "R"
+    code, _, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir", str(run_dir))
+    assert code == 0, err
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+    def dry_run_text(*sets: str) -> str:
+        code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                                 str(run_dir), "--dry-run", *(a for s in sets for a in ("--set", s)))
+        assert code == 0, err
+        return " ".join(out.replace("│", " ").split())
+
+    assert f"The run would resume from {run_dir / 'checkpoints' / 'step-00000004'} (step 4, 4 of the 8 steps left)" \
+        in dry_run_text("train.max_steps=8")
+    refused = dry_run_text("train.max_steps=8", "train.batch_size=16")
+    assert "The run would stop here (exit 2): Cannot resume from" in refused and "train.batch_size" in refused
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before  # nothing moved or written
+
+
 def test_sigterm_ends_a_dry_run_at_once_with_its_figures(tiny_data, tmp_path):
     config = write_config(tmp_path / "tiny.yaml")
     env = pretrain_env(BERTRAIN_TEST_STEP_DELAY="600")  # the measured micro-batch would take 10 minutes

@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bertrain.config import Config
 from bertrain.console import human_bytes, human_seconds
 from bertrain.data.loader import epoch_tokens
+from bertrain.errors import BertrainError
 from bertrain.train import fault_hooks
+from bertrain.train.checkpoint import choose_checkpoint, data_info
+from bertrain.train.resume_rules import resumed_state
 from bertrain.train.step_cost import MATMUL_SHARE, matmul_rate, measure_micro_batch, training_flops
 from bertrain.train.stream import TrainStream
 from bertrain.train.threads import choose_threads, plan_threads
@@ -137,14 +143,43 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)")]))
 
 
+@dataclass
+class ResumeRequest:
+    """What the command line asked of RUN_DIR's checkpoints (--resume, --force, --trust-checkpoint)."""
+
+    run_dir: Path
+    resume: str
+    force: bool
+    trust: bool
+
+
+def resume_preview(request: ResumeRequest, config: Config, prepared, world: int, micro_batch_size: int,
+                   total_steps: int | None, console: Console) -> str:
+    """What the real run would do with RUN_DIR's checkpoints, said without taking its lock or moving anything."""
+    if request.resume == "restart":
+        return "The run would move RUN_DIR's checkpoints and metrics aside (--resume restart) and start at step 0."
+    try:
+        found = choose_checkpoint(request.resume, request.run_dir, request.trust, console)
+        if found is None:
+            return "The run would start at step 0 (no checkpoint to resume)."
+        state = resumed_state(found, config, data_info(prepared), world, micro_batch_size, request.force).state
+    except BertrainError as error:
+        return f"[yellow]The run would stop here[/] (exit {error.exit_code}): {escape(str(error))}"
+    left = f", {total_steps - state.step:,} of the {total_steps:,} steps left" if total_steps else ""
+    return f"The run would resume from {found} (step {state.step:,}{left}); the figures are the whole run's."
+
+
 def report_dry_run(model, accelerator, console: Console, config: Config, prepared, *, micro_batch_size: int,
                    num_parameters: int, checkpoint_bytes: int, epoch_length: int, total_steps: int | None,
-                   problem: Exception | None = None) -> int:
-    """Print the run's size at once, then a time estimate (rank 0); write nothing. Returns the exit code, 0.
-    With `problem` (the data fills no micro-batch: epoch_length 0), the size, then `problem` is raised."""
+                   problem: Exception | None = None, resume: ResumeRequest | None = None) -> int:
+    """Print the run's size at once, what it would resume, then a time estimate (rank 0); write nothing. Returns
+    the exit code, 0. With `problem` (the data fills no micro-batch: epoch_length 0), the size, then `problem`."""
     if accelerator.is_main_process:
         console.print(_figures(config, prepared, accelerator.num_processes, micro_batch_size, num_parameters,
                                checkpoint_bytes, epoch_length, total_steps))
+        if resume is not None:
+            _say(console, resume_preview(resume, config, prepared, accelerator.num_processes, micro_batch_size,
+                                         total_steps, console))
         warning = repetition_warning(config, epoch_length, total_steps or 0)
         if warning:
             _say(console, f"[yellow]Warning:[/] {warning}")

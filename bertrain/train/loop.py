@@ -24,7 +24,7 @@ from bertrain.model import build_model, compile_layers
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
 from bertrain.train.checkpoint import TrainState
-from bertrain.train.dry_run import repetition_warning, report_dry_run
+from bertrain.train.dry_run import ResumeRequest, repetition_warning, report_dry_run
 from bertrain.train.evaluate import evaluate
 from bertrain.train.monitor import Monitor, NullMonitor
 from bertrain.train.optim import apply_settings, build_optimizer, build_scheduler, stretch_schedule
@@ -132,7 +132,8 @@ class Trainer:
         if dry_run:
             return report_dry_run(model, accelerator, self.console, config, self.prepared,
                                   micro_batch_size=micro_batch_size, num_parameters=num_parameters,
-                                  checkpoint_bytes=checkpoint_bytes, epoch_length=epoch_length, total_steps=total_steps)
+                                  checkpoint_bytes=checkpoint_bytes, epoch_length=epoch_length, total_steps=total_steps,
+                                  resume=ResumeRequest(self.run_dir, self.resume, self.force, self.trust_checkpoint))
         repeats = repetition_warning(config, epoch_length, state.total_steps)
         if repeats and is_main:
             self.console.print(f"[yellow]Warning:[/] {repeats}", highlight=False)
@@ -289,9 +290,8 @@ class Trainer:
         return self._after_step(parts, session, metrics, lr, applied)
 
     def _apply_update(self, parts: Parts, session: Session, metrics: StepResult) -> bool:
-        """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread
-        (step.optimizer_step), and still counts as a step; _check_finite reads the count at log and save
-        time. With fp16's scaler an overflowing step is skipped by the scaler and not counted."""
+        """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread (step.py),
+        and still counts as a step (_check_finite reads the count); fp16's scaler skips an overflow uncounted."""
         state, scaler = parts.state, self.accelerator.scaler
         applied = optimizer_step(parts.optimizer, metrics.finite, scaler)
         if scaler is None:
