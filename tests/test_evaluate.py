@@ -75,7 +75,7 @@ def test_score_takes_logits_or_regression_outputs_and_summary_is_over_seeds():
     summary = summarize([0.5, 0.7, 0.6, 0.9, 0.1])
     assert summary == pytest.approx({"median": 0.6, "mean": 0.56, "std": float(np.std([.5, .7, .6, .9, .1], ddof=1)),
                                      "min": 0.1, "max": 0.9})
-    assert summarize([0.3])["std"] == 0.0
+    assert summarize([0.3])["std"] is None  # undefined for one seed
 
 
 # ---- task files ----
@@ -383,8 +383,8 @@ def test_same_seed_same_score_and_baseline_side_by_side(tmp_path):
     assert compared["difference"] == pytest.approx(tasks_of["model"]["tasks"]["river"]["median"]
                                                    - tasks_of["baseline"]["tasks"]["river"]["median"])
     header, body = rows(both)
-    assert header[2].startswith("model") and header[3].startswith("baseline") and body[0][0] == "river"
-    assert body[0][5] == ("yes" if compared["beyond_spread"] else "no")
+    assert header[2].startswith("model") and header[4].startswith("baseline") and body[0][0] == "river"
+    assert body[0][6] == ("yes" if compared["beyond_spread"] else "no")
 
 
 def test_random_baseline_and_a_training_subset(tmp_path):

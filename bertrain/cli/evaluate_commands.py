@@ -36,7 +36,7 @@ def evaluate(
 
     Recipe (docs/config.md, `finetune` keys): lr 2e-5, batch 32, 3 epochs (5 on MRPC), warmup 10%, max length 128; change it with --set finetune.KEY=VALUE.
 
-    Each finished (task, seed) is written to DIR/results.json at once: run the same command to continue after an interruption (SIGTERM exits 75). Under `bertrain launch` each process takes its share of the runs.
+    Each finished (task, seed) is written to DIR/results.json at once: run the same command to continue after an interruption (SIGTERM exits 75, Ctrl-C 130). Under `bertrain launch` each process takes its share of the runs.
 
     Example: bertrain evaluate runs/bert -t rte,mrpc --glue-dir glue -o ev/bert
 
@@ -45,15 +45,18 @@ def evaluate(
     Example: bertrain evaluate runs/tiny -t sst2 --seeds 3 -o ev/quick
     """
     from bertrain.data.tasks import resolve_tasks
-    from bertrain.errors import UsageError
+    from bertrain.errors import EXIT_CTRL_C, Interrupted, UsageError
     from bertrain.train.downstream import evaluate as run_evaluate
+    from bertrain.train.finetune import stopped_message
 
     for path, what in ((model, "MODEL"), (baseline, "--baseline"), (glue_dir, "--glue-dir")):
         if path is not None and not path.exists() and not (what == "--baseline" and str(path) == "random"):
             raise UsageError(f"{what} {path} does not exist.")
-    resolved = resolve_tasks(tasks, glue_dir)
 
     def warn(message: str) -> None:
         err_console.print(f"[yellow]Warning:[/] {message}", highlight=False)
 
-    run_evaluate(model, resolved, out, console, overrides or [], seeds, baseline, warn=warn)
+    try:
+        run_evaluate(model, resolve_tasks(tasks, glue_dir), out, console, overrides or [], seeds, baseline, warn=warn)
+    except KeyboardInterrupt:  # typer would turn it into a silent exit 130
+        raise Interrupted(stopped_message("Ctrl-C"), EXIT_CTRL_C) from None

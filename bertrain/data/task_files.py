@@ -4,6 +4,7 @@ came from, for errors), and the text and label columns taken from them, checked.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -26,6 +27,13 @@ class Examples:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def sha256(self) -> str:
+        """sha256 of the texts and labels as read: changed rows, files or columns give another value."""
+        digest = hashlib.sha256()
+        for texts, label in zip(self.texts, self.labels):
+            digest.update(json.dumps([texts, label]).encode() + b"\n")
+        return digest.hexdigest()
 
 
 def read_rows(path: Path, header: bool = True) -> Iterator[tuple[str, dict]]:
@@ -133,8 +141,9 @@ def label_lookup(names: list[str]):
 
 def label_names(path: Path, label_column: str) -> list[str]:
     """A classification task's labels as found in its training file: integers in numeric order, else sorted text."""
-    found = set()
+    found, rows = set(), 0
     for where, row in read_rows(path):
+        rows += 1
         value = row.get(label_column)
         if value is None:
             continue  # read_examples names the row
@@ -143,6 +152,9 @@ def label_names(path: Path, label_column: str) -> list[str]:
                             "integer (use `kind: regression` for numbers).")
         found.add(str(value).lower() if isinstance(value, bool) else
                   str(int(value)) if isinstance(value, float) else str(value).strip())
+    if not rows:
+        raise DataError(f"{path} is empty: a training file needs examples, one per row. Fill it, or point the "
+                        "task file's `train` at the right file.")
     if len(found) < 2:
         raise DataError(f"{path}: column '{label_column}' holds {len(found)} distinct label(s); a classification "
                         "task needs at least two.")

@@ -31,6 +31,7 @@ class Task:
     labels: list[str] | None = None      # class names by id (None: regression)
     recipe: dict = field(default_factory=dict)  # FinetuneConfig keys this task changes
     source: str = ""
+    files: dict[str, Path] = field(default_factory=dict)  # split name ("train", "dev", ...) -> its file, if local
 
     @property
     def num_labels(self) -> int:
@@ -114,12 +115,15 @@ def _glue_from_hub(name: str, spec: GlueSpec) -> tuple[Examples, dict[str, Examp
 def glue_task(name: str, glue_dir: Path | None) -> Task:
     """A GLUE task by name (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), from `glue_dir` or the hub."""
     spec = GLUE[name]
+    files = {}
     if glue_dir is not None:
         load, source = (lambda: _glue_from_dir(spec, glue_dir)), f"{glue_dir / spec.folder}"
+        files = {"train": glue_dir / spec.folder / "train.tsv",
+                 **{split: glue_dir / spec.folder / file for split, file, _ in spec.dev}}
     else:
         load, source = (lambda: _glue_from_hub(name, spec)), f"hub {GLUE_HUB_NAME}/{name}"
     return Task(name, "regression" if spec.labels is None else "classification", spec.metrics, load,
-                None if spec.labels is None else list(spec.labels), dict(spec.recipe), source)
+                None if spec.labels is None else list(spec.labels), dict(spec.recipe), source, files)
 
 
 def task_from_file(path: Path) -> Task:
@@ -152,7 +156,7 @@ def task_from_file(path: Path) -> Task:
                 {"dev": read_examples(validation, texts, spec.label, to_label)})
 
     metrics = ("pearson", "spearman") if spec.metric == "pearson_spearman" else (spec.metric,)
-    return Task(spec.name, spec.kind, metrics, load, labels, recipe, str(path))
+    return Task(spec.name, spec.kind, metrics, load, labels, recipe, str(path), {"train": train, "dev": validation})
 
 
 def resolve_tasks(tasks: str, glue_dir: Path | None) -> list[Task]:

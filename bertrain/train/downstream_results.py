@@ -53,6 +53,59 @@ def check_continuation(results: dict, out_dir: Path, model: str, loaded: str, ta
                              f"({changed}). Choose another --out to compare recipes, or run with the same --set.")
 
 
+def check_fingerprints(results: dict, out_dir: Path, model: str, loaded: str, weights: str, task: str, data: dict,
+                       source: str) -> None:
+    """Refuse to mix: runs of this model must come from the same weights (sha256 of its tensors as loaded), runs of
+    this task (any model) from the same examples. Runs recorded without fingerprints are not checked."""
+    path = out_dir / RESULTS_FILE
+    before = next((run["weights_sha256"] for run in results["runs"] if run["model"] == model
+                   and run.get("weights_sha256", weights) != weights), None)
+    if before is not None:
+        raise UsageError(f"{path} holds runs of the {model} with other weights than {loaded} has now (sha256 "
+                         f"{before[:12]} then, {weights[:12]} now): it was retrained or re-exported since. Use a new "
+                         f"--out, or remove {path} to start over.")
+    for run in results["runs"]:
+        changes = _data_changes(run.get("data"), data) if run["task"] == task else ""
+        if changes:
+            raise UsageError(f"{path} holds {task} runs scored on other examples ({changes}): the task's files "
+                             f"({source}) changed since. Use a new --out, or remove {path} to start over.")
+
+
+def _data_changes(then: dict | None, now: dict) -> str:
+    """How a task's splits ({split: {examples, sha256}}) differ from those a run recorded; "" when they do not."""
+    if then is None:
+        return ""
+    changes = []
+    for split in dict.fromkeys([*then, *now]):
+        old, new = then.get(split), now.get(split)
+        if old == new:
+            continue
+        if old is None or new is None:
+            changes.append(f"split {split} is {'new' if old is None else 'gone'}")
+        elif old["examples"] != new["examples"]:
+            changes.append(f"{split}: {old['examples']} examples then, {new['examples']} now")
+        else:
+            changes.append(f"{split}: {new['examples']} examples then and now, other texts or labels")
+    return "; ".join(changes)
+
+
+def unchecked_runs(results: dict) -> int:
+    """Runs recorded before results.json held fingerprints of the weights and examples."""
+    return sum(1 for run in results["runs"] if "data" not in run or "weights_sha256" not in run)
+
+
+def beyond_plan(results: dict, plan: list[dict]) -> list[str]:
+    """A note per task whose results.json holds more seeds than this evaluation asks for (only those are reported)."""
+    notes = []
+    for item in plan:
+        stored = sorted({run["seed"] for run in results["runs"] if run["task"] == item["task"]})
+        if stored and stored[-1] > item["seeds"]:
+            asked = f"seeds 1-{item['seeds']}" if item["seeds"] > 1 else "seed 1"
+            notes.append(f"{item['task']}: {RESULTS_FILE} holds {len(stored)} seeds; reporting {asked} as asked "
+                         f"(--seeds {stored[-1]} reports them all).")
+    return notes
+
+
 def record_run(out_dir: Path, model: str, loaded: str, run: dict, plan: list[dict]) -> dict:
     """Add one finished run to DIR/results.json (under a lock: several processes may share DIR), then rewrite the
     summary and DIR/results.md; returns the results as now on disk."""
@@ -61,12 +114,26 @@ def record_run(out_dir: Path, model: str, loaded: str, run: dict, plan: list[dic
         results["models"][model] = loaded
         results["runs"] = [r for r in results["runs"]
                            if (r["model"], r["task"], r["seed"]) != (model, run["task"], run["seed"])] + [run]
-        results["summary"] = summary(results, plan)
-        text = json.dumps(results, indent=1) + "\n"
-        write_atomic(out_dir / RESULTS_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-        markdown = results_markdown(results)
-        write_atomic(out_dir / MARKDOWN_FILE, lambda tmp: tmp.write_text(markdown, encoding="utf-8"))
+        _write(out_dir, results, plan)
     return results
+
+
+def refresh_summary(out_dir: Path, plan: list[dict]) -> dict:
+    """DIR/results.json with its summary over this evaluation's plan (its seeds may be fewer than a previous one's),
+    rewritten (with DIR/results.md) when that changes it."""
+    with exclusive_lock(out_dir / LOCK_FILE, wait=True):
+        results = read_results(out_dir)
+        if results["runs"] and summary(results, plan) != results.get("summary"):
+            _write(out_dir, results, plan)
+    return results
+
+
+def _write(out_dir: Path, results: dict, plan: list[dict]) -> None:
+    results["summary"] = summary(results, plan)
+    text = json.dumps(results, indent=1) + "\n"
+    write_atomic(out_dir / RESULTS_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    markdown = results_markdown(results)
+    write_atomic(out_dir / MARKDOWN_FILE, lambda tmp: tmp.write_text(markdown, encoding="utf-8"))
 
 
 def summary(results: dict, plan: list[dict]) -> dict:
@@ -98,16 +165,22 @@ def _points(value: float | None) -> str:
 
 def comparison(results: dict) -> dict[str, dict]:
     """Per task both have: the difference of medians (model - baseline) and whether it exceeds the seed spread
-    (the larger of the two standard deviations)."""
+    (the larger of the two standard deviations; None with a single seed)."""
     mine, theirs = results["summary"].get(MODEL, {}).get("tasks", {}), results["summary"].get(BASELINE, {}).get(
         "tasks", {})
     out = {}
     for task in mine:
         if task in theirs:
             difference = mine[task]["median"] - theirs[task]["median"]
-            spread = max(mine[task]["std"], theirs[task]["std"])
-            out[task] = {"difference": difference, "spread": spread, "beyond_spread": abs(difference) > spread}
+            stds = [mine[task]["std"], theirs[task]["std"]]
+            spread = None if None in stds else max(stds)  # one seed has no spread: no verdict
+            out[task] = {"difference": difference, "spread": spread,
+                         "beyond_spread": None if spread is None else abs(difference) > spread}
     return out
+
+
+def _mean_std(t: dict) -> str:
+    return f"{_points(t['mean'])} ± {_points(t['std'])}"
 
 
 def rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -116,28 +189,31 @@ def rows(results: dict) -> tuple[list[str], list[list[str]]]:
     if BASELINE not in tasks_of:
         header = ["task", "metric", "seeds", "median", "mean ± std", "min", "max"]
         body = [[task, t["metric"], str(len(t["seeds"])), _points(t["median"]),
-                 f"{_points(t['mean'])} ± {_points(t['std'])}", _points(t["min"]), _points(t["max"])]
+                 _mean_std(t), _points(t["min"]), _points(t["max"])]
                 for task, t in tasks_of.get(MODEL, {}).items()]
         average = results["summary"].get(MODEL, {}).get("average")
         body.append(["average (of medians)", "", "", _points(average), "", "", ""])
         return header, body
     compared = comparison(results)
-    header = ["task", "metric", "model median (mean ± std)", "baseline median (mean ± std)", "difference",
-              "beyond seed spread?"]
+    header = ["task", "metric", "model median (mean ± std)", "min-max", "baseline median (mean ± std)",
+              "difference", "beyond seed spread?"]
     body = []
     for task in dict.fromkeys([*tasks_of.get(MODEL, {}), *tasks_of[BASELINE]]):
         cells = []
         for model in (MODEL, BASELINE):
             t = tasks_of.get(model, {}).get(task)
-            cells.append("-" if t is None else f"{_points(t['median'])} ({_points(t['mean'])} ± {_points(t['std'])}, "
-                                               f"{len(t['seeds'])} seeds)")
+            seeds = "" if t is None else f"{len(t['seeds'])} seed{'s' * (len(t['seeds']) != 1)}"
+            cells.append("-" if t is None else f"{_points(t['median'])} ({_mean_std(t)}, {seeds})")
+        mine = tasks_of.get(MODEL, {}).get(task)
+        min_max = "-" if mine is None else f"{_points(mine['min'])}-{_points(mine['max'])}"
         c = compared.get(task)
-        metric = (tasks_of.get(MODEL, {}).get(task) or tasks_of[BASELINE][task])["metric"]
-        body.append([task, metric, *cells, "-" if c is None else f"{100 * c['difference']:+.1f}",
-                     "-" if c is None else ("yes" if c["beyond_spread"] else "no")])
+        verdict = "-" if c is None or c["beyond_spread"] is None else ("yes" if c["beyond_spread"] else "no")
+        metric = (mine or tasks_of[BASELINE][task])["metric"]
+        body.append([task, metric, cells[0], min_max, cells[1], "-" if c is None else f"{100 * c['difference']:+.1f}",
+                     verdict])
     averages = [results["summary"].get(model, {}).get("average") for model in (MODEL, BASELINE)]
     difference = averages[0] - averages[1] if None not in averages else None
-    body.append(["average (of medians)", "", _points(averages[0]), _points(averages[1]),
+    body.append(["average (of medians)", "", _points(averages[0]), "", _points(averages[1]),
                  "-" if difference is None else f"{100 * difference:+.1f}", ""])
     return header, body
 

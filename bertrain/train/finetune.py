@@ -51,6 +51,12 @@ class RunOutcome:
     eval_seconds: float
 
 
+def stopped_message(by: str) -> str:
+    """What evaluate says when a signal (SIGTERM, Ctrl-C, ...) stops it: nothing finished is lost."""
+    return (f"evaluate stopped by {by}: every finished (task, seed) is in results.json; run the same command to "
+            "continue from there.")
+
+
 def total_steps(examples: int, recipe: FinetuneConfig) -> int:
     """Optimizer steps of a run: epochs x batches per epoch (the last batch of an epoch may be smaller)."""
     return max(1, math.ceil(recipe.epochs * math.ceil(examples / recipe.batch_size)))
@@ -101,8 +107,7 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
             if done == steps:
                 break
             if stop_requested():
-                raise Interrupted(f"evaluate stopped by {received_signal_name()}: every finished (task, seed) is "
-                                  "in results.json; run the same command to continue from there.")
+                raise Interrupted(stopped_message(received_signal_name()))
             batch = _to(collate(train, indices, data.pad_token_id, pack_when, multiple_of), device)
             if threads is not None and threads.auto:
                 tuner = tuner or ThreadTuner(threads, model, None, vars(batch), run_pass=lambda part: _loss(

@@ -61,9 +61,9 @@ def score(metric: str, outputs: np.ndarray, labels: np.ndarray) -> float:
     return METRICS[metric](predictions, labels.astype(np.float64) if regression else labels)
 
 
-def summarize(values: list[float]) -> dict[str, float]:
-    """Median, mean, sample std (0 for one value), min and max of a task's scores over seeds."""
+def summarize(values: list[float]) -> dict[str, float | None]:
+    """Median, mean, sample std (None for one value: undefined), min and max of a task's scores over seeds."""
     array = np.asarray(values, dtype=np.float64)
     return {"median": float(np.median(array)), "mean": float(array.mean()),
-            "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+            "std": float(array.std(ddof=1)) if len(array) > 1 else None,
             "min": float(array.min()), "max": float(array.max())}
