@@ -199,3 +199,15 @@ def test_counts_out_of_range_are_usage_errors_naming_the_option(run_cli, args):
     """Before, --vocab-size 0 was read as "not given" (the default vocabulary) and the others were accepted."""
     code, out, err = run_cli(*args)
     assert code == 2 and args[-2] in out + err
+
+
+def test_ctrl_c_in_a_command_without_its_own_stop_says_interrupted(run_cli, monkeypatch):
+    """typer turns a KeyboardInterrupt into a silent exit 130; commands that say their own stop raise Interrupted."""
+    from bertrain.model import summary
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(summary, "parameter_summary", ctrl_c)
+    code, out, err = run_cli("inspect-model", "tiny_bert")
+    assert code == 130 and "Interrupted." in err

@@ -25,6 +25,10 @@ def _command_modules() -> None:
     import bertrain.cli.evaluate_commands  # noqa: F401
 
 
+class KeyboardInterruptSaid(Exception):
+    """Ctrl-C in a command that has no stop of its own to say: an Exception, so that typer lets it through."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become a one-paragraph message and an exit code (0/1/2/75/130)."""
     _install_early_signal_handlers()
@@ -39,9 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("BERTRAIN_DEBUG", "").lower() in ("1", "true", "yes")
     print_config_warnings()
+    command = typer.main.get_command(app)
+    invoke = command.invoke
+
+    def invoke_saying_ctrl_c(context):
+        try:
+            return invoke(context)
+        except KeyboardInterrupt:  # typer turns it into a silent exit 130: said here, as Interrupted is
+            raise KeyboardInterruptSaid() from None
+
+    command.invoke = invoke_saying_ctrl_c
     try:
         # With standalone_mode=False a `typer.Exit(code)` comes back as the return value.
-        return typer.main.get_command(app).main(args=args, prog_name="bertrain", standalone_mode=False) or 0
+        return command.main(args=args, prog_name="bertrain", standalone_mode=False) or 0
     except (Exception, KeyboardInterrupt) as error:
         return exit_code_for(error, debug)
 
@@ -59,7 +73,7 @@ def exit_code_for(error: BaseException, debug: bool) -> int:
     if isinstance(error, typer.Abort):
         err_console.print("Aborted.")
         return EXIT_ERROR
-    if isinstance(error, KeyboardInterrupt):
+    if isinstance(error, (KeyboardInterrupt, KeyboardInterruptSaid)):
         err_console.print("Interrupted.")
         return 130
     if isinstance(error, Interrupted):  # a preemption handled as designed: the expected outcome, not an error
