@@ -208,3 +208,14 @@ def test_tokenizer_trains_on_a_seeded_sample_of_at_most_max_bytes(tmp_path):
         assert 20_000 < stats["training_chars"] <= 60_000
         shas.append(stats["sha256"])
     assert shas[0] == shas[1] != shas[2]
+
+
+def test_tokenizer_train_without_held_out_documents_says_its_rates_are_unmeasured(run_cli, tmp_path, pydoc_text):
+    """One file is one document, so nothing is held out: its rates were printed as zeros, as if measured."""
+    (tmp_path / "one.txt").write_text(pydoc_text[:200_000].replace("\n\n", " "))
+    code, out, err = run_cli("tokenizer", "train", "--source", str(tmp_path / "one.txt"), "--kind", "wordpiece",
+                             "--vocab-size", "300", "--out", str(tmp_path / "tok"))
+    assert code == 0, err
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
+    assert rows["measured_words"] == "0"
+    assert all(rows[key] == "n/a (no held-out documents)" for key in ("unk_rate", "tokens_per_word", "tokens_per_char"))

@@ -136,8 +136,11 @@ def tokenizer_train(
                                             tokenizer__vocab_size=vocab_size))
     stats = train_tokenizer_from_recipe(loaded, out, console=console)
     table = Table(title=f"Tokenizer {out}", show_header=False)
+    unmeasured = not stats.get("measured_words")  # no held-out text: the rates below are not zeros but unknown
     for key, value in stats.items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        measured_on_held_out = key in ("unk_rate", "tokens_per_word", "tokens_per_char")
+        table.add_row(key, "n/a (no held-out documents)" if unmeasured and measured_on_held_out else shown)
     console.print(table)
 
 
