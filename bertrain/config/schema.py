@@ -134,8 +134,9 @@ class OptimConfig:
     max_grad_norm: Optional[float] = opt(1.0, "Clip the global gradient norm to this (null: no clipping).")
     schedule: Literal["linear", "cosine", "constant"] = opt(
         "linear", "After warmup: linear decay to 0, cosine decay to 0, or constant.")
-    warmup_steps: int = opt(10000, "Linear warmup length in optimizer steps (warned about when longer than the "
-                                   "run).", aliases=("num_warmup_steps", "warmup"))
+    warmup_steps: int = opt(10000, "Linear warmup length in optimizer steps: step s runs at lr x (s-1)/warmup_steps "
+                                   "(step 1 at 0, the peak at step warmup_steps+1, as transformers' schedules); "
+                                   "warned about when longer than the run.", aliases=("num_warmup_steps", "warmup"))
     warmup_fraction: Optional[float] = opt(
         None, "Warmup as a fraction of total steps; overrides warmup_steps when set.")
 
