@@ -163,7 +163,7 @@ class TrainConfig:
                            "and newer): several times faster, with a 10-bit mantissa per product. Ignored on CPUs.")
     save_every: int = opt(1000, "Checkpoint every N optimizer steps (also at the end and on a signal).")
     keep_last: int = opt(3, "Checkpoints kept; older ones are removed only after a new one is complete.")
-    eval_every: int = opt(1000, "Evaluate on the validation split every N steps (0: never).")
+    eval_every: int = opt(1000, "Evaluate on the validation split every N steps and after the last (0: never).")
     log_every: int = opt(10, "Log metrics every N steps.")
     max_bad_steps: int = opt(10, "Stop after this many non-finite losses in a row (such steps are skipped).")
     requeue_exit_code: int = opt(75, "Exit code after a SIGTERM/SIGUSR1-triggered checkpoint, for job scripts to "

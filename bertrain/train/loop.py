@@ -328,7 +328,7 @@ class Trainer:
             self._check_finite(parts, session)
         if log_due:
             self._log(parts, session, metrics.read(self.accelerator), lr)
-        evaluate_now = applied and train.eval_every and state.step % train.eval_every == 0
+        evaluate_now = applied and train.eval_every and (state.step % train.eval_every == 0 or done)  # and the end
         if evaluate_now:
             result = evaluate(parts.model, self.accelerator, self.prepared, self.config.data, seed=train.seed,
                               micro_batch_size=parts.micro_batch_size, progress=parts.monitor.eval_progress,
