@@ -18,11 +18,11 @@ FIX_GROUP_BY = ("Fix the data, correct the source's group_by (with --source: --s
 MISSING = object()  # a group field the record lacks (None is a value: a field that is null)
 
 
-def field_value(record: Any, dotted: str) -> Any:
-    """The value at a dotted path ("meta.body") in nested dicts, or None when absent."""
+def field_value(record: Any, dotted: str, absent: Any = None) -> Any:
+    """The value at a dotted path ("meta.body") in nested dicts, or `absent` when the path is not there."""
     for part in dotted.split("."):
         if not isinstance(record, dict) or part not in record:
-            return None
+            return absent
         record = record[part]
     return record
 
@@ -34,18 +34,9 @@ def group_fields(source: SourceConfig) -> list[str]:
     return [source.group_by] if isinstance(source.group_by, str) else list(source.group_by)
 
 
-def _lookup(record: Any, dotted: str) -> Any:
-    """The value at a dotted path, or MISSING when the path is absent."""
-    for part in dotted.split("."):
-        if not isinstance(record, dict) or part not in record:
-            return MISSING
-        record = record[part]
-    return record
-
-
 def group_key(record: Any, fields: list[str]) -> tuple:
     """The values of the group fields of a record (MISSING where a field is absent)."""
-    return tuple(_lookup(record, name) for name in fields)
+    return tuple(field_value(record, name, MISSING) for name in fields)
 
 
 def missing_group_field(key: tuple, fields: list[str]) -> Optional[str]:
