@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -208,3 +209,58 @@ def test_the_help_example_of_set_is_a_key_the_command_accepts(tmp_path, run_cli,
     code, _, err = run_cli(*command, "--source", str(tmp_path / "lines.txt"), "--out", str(tmp_path / "out"),
                            "--vocab-size", "200", "--set", example[1])
     assert code == 0, err
+
+
+# ---- kill -9 of prepare: its workers, and a second writer of a shard ----
+
+
+def test_a_shard_a_second_writer_finished_is_returned_as_written(tmp_path):
+    """Two writers of one shard (a killed run's worker and the rerun's) take turns; the second finds it done and
+    reads nothing (its documents file may already be gone) instead of truncating the first one's files."""
+    from bertrain.data.prepare import shards
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Document {i} has a sentence. And another one {i}." for i in range(60)))
+    prepare(tmp_path, "data", SourceConfig(path=str(corpus)))
+    record_path = tmp_path / "data" / "work" / "shards" / "train-shard-00000.json"
+    written = json.loads(record_path.read_text())
+    tokens = (tmp_path / "data" / "train" / "shard-00000.tokens.npy").read_bytes()
+    again = shards.tokenize_shard(str(tmp_path / "gone.txt"), str(tmp_path / "data" / "train"), "shard-00000",
+                                  str(tmp_path / "data" / "tokenizer"), {}, "none", str(record_path), written["key"])
+    assert again == {k: v for k, v in written.items() if k != "key"}
+    assert (tmp_path / "data" / "train" / "shard-00000.tokens.npy").read_bytes() == tokens
+
+
+WORKERS_THEN_KILL_9 = """
+import os, signal, sys
+from multiprocessing import active_children
+from bertrain.data.prepare.pool import Workers
+workers = Workers(2)
+workers.start()
+workers.executor.submit(sum, [1]).result()  # both started
+print(" ".join(str(p.pid) for p in active_children()), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_prepare_workers_end_when_prepare_is_killed_9(tmp_path):
+    """kill -9 of prepare left its workers running (writing shards beside a rerun's, then sleeping forever)."""
+    printed = tmp_path / "pids.txt"
+    with open(printed, "w") as out:  # a file, not a pipe: a surviving worker would hold a pipe open
+        code = subprocess.run([sys.executable, "-c", WORKERS_THEN_KILL_9], stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=WAIT).returncode
+    assert code == -signal.SIGKILL, printed.read_text()
+    pids = [int(pid) for pid in printed.read_text().split()]
+    assert len(pids) == 2, printed.read_text()
+
+    def alive(pid: int) -> bool:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"  # a zombie has ended; only its entry waits for a parent to read it
+
+    deadline = time.monotonic() + WAIT
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids), [pid for pid in pids if alive(pid)]

@@ -9,6 +9,7 @@ import os
 import queue as queue_module
 import signal
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -16,9 +17,22 @@ from typing import Any, Callable, Iterator
 _progress_queue = None  # where report_progress puts amounts: the pool's queue in a worker, or a callback
 
 
-def _init_worker(queue: Any) -> None:
+PARENT_CHECK_SECONDS = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once its parent is gone (`kill -9` of prepare): an orphan would go on writing shards
+    beside the next run's workers."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os._exit(1)
+
+
+def _init_worker(queue: Any, parent: int) -> None:
     global _progress_queue
     _progress_queue = queue
+    # `parent` from the parent itself: a worker that starts after its death sees another parent and ends at once
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; parallelism is the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # then let it in: a Ctrl-C since the start is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -85,7 +99,7 @@ class Workers:
             context = multiprocessing.get_context("spawn")
             self.queue = context.Queue()
             self.executor = ProcessPoolExecutor(self.count, mp_context=context, initializer=_init_worker,
-                                                initargs=(self.queue,))
+                                                initargs=(self.queue, os.getpid()))
             # Each submit may start a worker; started now with SIGINT blocked, each inherits the block and keeps
             # it until _init_worker ignores SIGINT, so a Ctrl-C while a worker starts prints no traceback.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -17,6 +17,7 @@ from bertrain.data.prepare.pool import Workers, local_progress, report_progress
 from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, read_json, write_json
 from bertrain.data.word_units import WordSegmenter, document_language, encode, word_starts_for
+from bertrain.files import exclusive_lock
 from bertrain.tokenizer_file import load_tokenizer
 
 ENCODE_BATCH_SENTENCES = 4096
@@ -101,12 +102,24 @@ def tokenize_shard(documents_path: str, split_dir: str, name: str, tokenizer_dir
                    word_segmenter: str, record_path: str, key: str) -> dict[str, Any]:
     """Tokenize one stage-1 file into a shard (tokens, sentence and document offsets, word starts) plus a
     record; `word_segmenter` is prepare.word_segmenter (see bertrain.data.word_units)."""
+    split_path = Path(split_dir)
+    split_path.mkdir(parents=True, exist_ok=True)
+    # One writer per shard: a second run on the same DATA_DIR (a requeued job while the first still runs, a worker
+    # of a killed run) would truncate the same temporary files under the first writer and leave zeros in the shard.
+    with exclusive_lock(Path(record_path).with_suffix(".lock"), wait=True):
+        done = shard_record(split_path.parent, split_path.name, name, key)
+        if done is not None:  # the other writer finished it meanwhile
+            return {k: v for k, v in done.items() if k != "key"}
+        return _write_shard(documents_path, split_path, name, tokenizer_dir, facts, word_segmenter, record_path, key)
+
+
+def _write_shard(documents_path: str, split_path: Path, name: str, tokenizer_dir: str, facts: dict[str, Any],
+                 word_segmenter: str, record_path: str, key: str) -> dict[str, Any]:
+    """tokenize_shard's work, under its lock."""
     tokenizer = load_tokenizer(tokenizer_dir)
     dtype = token_dtype_for(facts["vocab_size"])
     table = word_start_table(str(Path(tokenizer_dir) / "tokenizer.json"), facts["kind"], facts["word_marker"],
                              facts["vocab_size"])
-    split_path = Path(split_dir)
-    split_path.mkdir(parents=True, exist_ok=True)
     raw_tokens = split_path / f"{name}.tokens.raw.tmp"
     raw_starts = split_path / f"{name}.word_starts.raw.tmp"
     with (open(documents_path, encoding="utf-8") as handle, open(raw_tokens, "wb") as out,
