@@ -26,6 +26,7 @@ RUN_HISTORY = (CHECKPOINTS, METRICS, WANDB_ID, CONFIG)
 # A checkpoint.
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-step-"
+DEL_PREFIX = ".del-"  # a checkpoint being removed: renamed first, so a kill never leaves a half step-* behind
 MARKER = "COMPLETE"
 CHECKSUMS = "checksums.json"
 WEIGHTS = "model.safetensors"
@@ -126,6 +127,18 @@ def incomplete_saves(run_dir: str | Path) -> list[Path]:
     """Temporary directories left by saves that never finished."""
     root = checkpoints_dir(run_dir)
     return sorted(root.glob(TMP_PREFIX + "*")) if root.is_dir() else []
+
+
+def removal_leftovers(run_dir: str | Path, newest: Path | None) -> list[Path]:
+    """What interrupted removals left: `.del-*` dirs, and unmarked step-* older than `newest` (the run's newest valid
+    checkpoint); a newer unmarked one may be a save that died half-way, so it stays to be reported."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    newest_step = step_of(newest) if newest is not None and newest.parent.resolve() == root.resolve() else None
+    older = [p for p in iter_checkpoints(run_dir) if newest_step is not None and step_of(p) < newest_step
+             and not (p / MARKER).is_file()]
+    return sorted(root.glob(DEL_PREFIX + "*")) + sorted(older)
 
 
 def find_latest_checkpoint(run_dir: str | Path, skipped: list[tuple[Path, str]] | None = None, *,

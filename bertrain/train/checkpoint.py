@@ -108,9 +108,42 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Remove the marker first so a half-deleted directory can never look valid."""
-    (path / rundir.MARKER).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    """Rename to .del-step-XXXXXXXX, then delete: a kill mid-way leaves only that name, which the next run removes."""
+    doomed = path.with_name(rundir.DEL_PREFIX + path.name)
+    if doomed.exists():  # an earlier removal of the same step was interrupted
+        shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        os.replace(path, doomed)  # same directory: atomic, so no step-* is ever seen half-deleted
+    except FileNotFoundError:
+        return
+    except OSError:  # e.g. an undeletable older .del- dir in the way: in place, the marker first (never looks valid)
+        (path / rundir.MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    fsync_path(path.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_leftovers(run_dir: Path, newest: Path | None, console) -> None:
+    """Delete what interrupted removals left (rundir.removal_leftovers) and say so in one line (rank 0, locked)."""
+    try:
+        leftovers = [(path, _tree_bytes(path)) for path in rundir.removal_leftovers(run_dir, newest)]
+    except OSError:  # tidying up never stops a run (rank 0 raising alone would leave the other ranks waiting)
+        return
+    for path, _ in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    removed = [f"{path.name} ({human_bytes(size)})" for path, size in leftovers if not path.exists()]
+    kept = [str(path) for path, _ in leftovers if path.exists()]
+    if removed:
+        console.print(f"Removed what interrupted checkpoint removals left in {rundir.checkpoints_dir(run_dir)}: "
+                      f"{', '.join(removed)}", highlight=False)
+    if kept:
+        console.print(f"[yellow]Could not remove[/] {', '.join(kept)}: delete by hand to free the space",
+                      highlight=False)
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def rng_state() -> dict:
@@ -289,6 +322,7 @@ def agree_on_checkpoint(accelerator, run_dir: Path, resume: str, trust: bool, he
         try:
             lock_run_dir(run_dir, held)  # before choosing: a second run must not touch it
             found = choose_checkpoint(resume, run_dir, trust, console)
+            remove_leftovers(run_dir, found, console)
             choice = Choice(str(found) if found else None)
         except BertrainError as caught:
             choice, error = Choice(error=(type(caught).__name__, str(caught))), caught
