@@ -264,3 +264,13 @@ def test_prepare_workers_end_when_prepare_is_killed_9(tmp_path):
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in pids), [pid for pid in pids if alive(pid)]
+
+
+def test_a_log_says_when_tokenizer_training_starts_and_ends(tmp_path):
+    """Off a terminal the spinner shows nothing: a SLURM log was silent for the whole (single-threaded) stage."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Document {i} has a sentence. And another one {i}." for i in range(60)))
+    _, said = prepare(tmp_path, "data", SourceConfig(path=str(corpus)))
+    lines = said.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Training the wordpiece tokenizer (vocab 200)"))
+    assert lines[start + 1].startswith("Tokenizer trained in ")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from bertrain.config import TokenizerConfig
+from bertrain.console import human_seconds
 from bertrain.data.prepare.workdir import WORK
 from bertrain.data.tokenizer import lowercases, save_tokenizer, tokenizer_kind, train_tokenizer
 from bertrain.files import file_sha256
@@ -73,9 +75,16 @@ def build_tokenizer(out: Path, documents: dict[str, Any], config: TokenizerConfi
         return copy_tokenizer(config.path, target, console)
     paths = [out / WORK / "documents" / "train" / f"{s['name']}.txt" for s in documents["shards"]["train"]]
     total = sum(s["chars"] for s in documents["shards"]["train"])
-    with console.status(f"Training the {config.kind} tokenizer (vocab {config.vocab_size:,}) on "
-                        f"{min(total, config.max_bytes) / 1e6:,.1f} MB of text..."):
+    doing = (f"Training the {config.kind} tokenizer (vocab {config.vocab_size:,}) on "
+             f"{min(total, config.max_bytes) / 1e6:,.1f} MB of text")
+    in_log = not getattr(console, "is_terminal", True)  # a log shows no spinner: say when this long stage starts
+    if in_log:
+        console.print(f"{doing}...", highlight=False)
+    started = time.perf_counter()
+    with console.status(f"{doing}..."):
         stats = train_tokenizer(sample_documents(paths, total, config), config, target)
+    if in_log:
+        console.print(f"Tokenizer trained in {human_seconds(time.perf_counter() - started)}.", highlight=False)
     if stats["vocab_size"] < config.vocab_size:
         console.print(f"[yellow]Note:[/] the corpus supports only {stats['vocab_size']:,} of the "
                       f"{config.vocab_size:,} requested tokens; the vocabulary is smaller (the manifest "
