@@ -47,6 +47,17 @@ def prepare_command(corpus: Path, out: Path) -> list[str]:
             "--vocab-size", "400", "--num-shards", "4", "--workers", "2"]
 
 
+def assert_resumes_like_a_fresh_run(tmp_path: Path, corpus: Path) -> None:
+    """The same prepare command again in tmp_path/data finishes, with the fingerprint of an uninterrupted run."""
+    again = subprocess.run(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True, env=pretrain_env(),
+                           capture_output=True, timeout=WAIT)
+    assert again.returncode == 0, again.stderr
+    fresh = subprocess.run(prepare_command(corpus, tmp_path / "fresh"), cwd=ROOT, text=True, env=pretrain_env(),
+                           capture_output=True, timeout=WAIT)
+    assert fresh.returncode == 0, fresh.stderr
+    assert open_prepared(tmp_path / "data").fingerprint == open_prepared(tmp_path / "fresh").fingerprint
+
+
 def test_ctrl_c_during_prepare_says_how_to_resume_in_one_line_and_resumes(tmp_path):
     corpus = tmp_path / "pydoc"
     write_pydoc_corpus(corpus)
@@ -70,10 +81,4 @@ def test_ctrl_c_during_prepare_says_how_to_resume_in_one_line_and_resumes(tmp_pa
     assert done and int(done[1]) < 5, lines  # 4 train shards and 1 validation shard; the paused one is not done
     assert not (tmp_path / "data" / "manifest.json").exists()
 
-    again = subprocess.run(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True, env=pretrain_env(),
-                           capture_output=True, timeout=WAIT)
-    assert again.returncode == 0, again.stderr
-    fresh = subprocess.run(prepare_command(corpus, tmp_path / "fresh"), cwd=ROOT, text=True, env=pretrain_env(),
-                           capture_output=True, timeout=WAIT)
-    assert fresh.returncode == 0, fresh.stderr
-    assert open_prepared(tmp_path / "data").fingerprint == open_prepared(tmp_path / "fresh").fingerprint
+    assert_resumes_like_a_fresh_run(tmp_path, corpus)

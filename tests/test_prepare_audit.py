@@ -15,12 +15,11 @@ import pytest
 from rich.console import Console
 
 from bertrain.config import PrepareConfig, Recipe, SourceConfig, TokenizerConfig
-from bertrain.data.format import open_prepared
 from bertrain.data.prepare import prepare_corpus
 from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.errors import DataError
 from tests.helpers import ROOT, check_identity, default_ctrl_c, pretrain_env
-from tests.test_ctrl_c import WAIT, prepare_command
+from tests.test_ctrl_c import WAIT, assert_resumes_like_a_fresh_run, prepare_command
 
 SENTENCES = "".join(f"Sentence number {i} is fine.\nAnother sentence {i} follows here.\n\n" for i in range(30))
 
@@ -132,13 +131,7 @@ def test_sigterm_during_prepare_exits_75_stops_the_workers_and_resumes(tmp_path)
     assert_gone(worker)
     assert not (tmp_path / "data" / "manifest.json").exists()
 
-    again = subprocess.run(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True, env=pretrain_env(),
-                           capture_output=True, timeout=WAIT)
-    assert again.returncode == 0, again.stderr
-    fresh = subprocess.run(prepare_command(corpus, tmp_path / "fresh"), cwd=ROOT, text=True, env=pretrain_env(),
-                           capture_output=True, timeout=WAIT)
-    assert fresh.returncode == 0, fresh.stderr
-    assert open_prepared(tmp_path / "data").fingerprint == open_prepared(tmp_path / "fresh").fingerprint
+    assert_resumes_like_a_fresh_run(tmp_path, corpus)
 
 
 def test_sigterm_to_the_whole_process_group_exits_75(tmp_path):
