@@ -29,6 +29,10 @@ class DataError(BertrainError):
     """Bad or missing input data (a file, line or record is named in the message)."""
 
 
+class TrainingDiverged(DataError):
+    """train.max_bad_steps non-finite steps in a row: a run's record says so by this name, not as bad data."""
+
+
 class Interrupted(BertrainError):
     """Stopped by a signal: by default after a checkpoint was written, exit 75 so a job script can requeue."""
 

@@ -297,6 +297,8 @@ def test_non_finite_steps_are_skipped_then_stop_naming_the_step(run_cli, tmp_pat
     # Skipped updates still count as steps (the flag is read at log/save time, not every step): 2, 3, 4.
     assert "Training stopped at step 4: 3 non-finite steps in a row" in text
     assert text.count("step skipped") == 3
+    stop = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert stop["kind"] == "stop" and stop["reason"] == "failed: TrainingDiverged"  # was "DataError": not the data
     # Only step 1 (finite) was checkpointed; nothing non-finite reached a checkpoint.
     import torch
 

@@ -19,7 +19,7 @@ from bertrain import rundir
 from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
 from bertrain.console import human_seconds, make_console
 from bertrain.data.loader import EmptyEpochError
-from bertrain.errors import EXIT_CTRL_C, DataError, Interrupted
+from bertrain.errors import EXIT_CTRL_C, Interrupted, TrainingDiverged
 from bertrain.model import build_model, compile_layers
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
@@ -311,7 +311,7 @@ class Trainer:
             parts.monitor.warn(f"step {state.step}: non-finite loss or gradient in {since} step(s) since the last "
                                f"check; update skipped, step skipped ({state.bad_steps} in a row).")
         if state.bad_steps >= self.config.train.max_bad_steps:
-            raise DataError(
+            raise TrainingDiverged(
                 f"Training stopped at step {state.step}: {state.bad_steps} non-finite steps in a row "
                 f"(train.max_bad_steps); their updates were not applied and checkpoints are written only after a "
                 f"finite step, so the newest checkpoint ({session.last_checkpoint or 'none from this session'}) "
