@@ -55,16 +55,24 @@ def load_weights(model, path: str | Path) -> None:
         state = load_file(str(path))
     except (OSError, ValueError, RuntimeError) as error:
         raise DataError(f"Cannot read model weights {path}: {error}") from None
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
-    if missing or unexpected or wrong:
-        details = "; ".join(part for part in (
-            f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
-            "shape differs for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
-                                             for k in wrong[:5]) if wrong else "") if part)
+    details = shape_differences(shapes_of(model.state_dict()), shapes_of(state))
+    if details:
         raise DataError(f"Weights in {path} do not fit this model ({details}). Was the checkpoint written "
                         "with a different model config?")
     model.load_state_dict(state)
+
+
+def shapes_of(state: dict) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape by name."""
+    return {name: tuple(tensor.shape) for name, tensor in state.items()}
+
+
+def shape_differences(own: dict[str, tuple[int, ...]], theirs: dict[str, tuple[int, ...]]) -> str:
+    """'missing [...]; unexpected [...]; shape differs for NAME (theirs) vs (own)', five of each; "" when they fit."""
+    missing, unexpected = sorted(own.keys() - theirs.keys()), sorted(theirs.keys() - own.keys())
+    wrong = sorted(name for name in own.keys() & theirs.keys() if own[name] != theirs[name])
+    return "; ".join(part for part in (
+        f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+        "shape differs for " + ", ".join(f"{name} {theirs[name]} vs {own[name]}" for name in wrong[:5])
+        if wrong else "") if part)
 

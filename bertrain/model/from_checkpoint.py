@@ -14,7 +14,7 @@ from bertrain import rundir
 from bertrain.config import ConfigWarning, ModelConfig, load_config
 from bertrain.errors import BertrainError, ConfigError
 from bertrain.files import file_sha256
-from bertrain.model import PreTrainingModel, build_model, load_weights
+from bertrain.model import PreTrainingModel, build_model, load_weights, shape_differences, shapes_of
 from bertrain.tokenizer_file import load_tokenizer
 
 POSITIONS = "embeddings.position_embeddings.weight"
@@ -172,18 +172,14 @@ def check_weights_fit(model, weights: Path, shapes: dict[str, tuple[int, ...]] |
     """Refuse (ConfigError, exit 2) bertrain weights whose names or shapes differ from the model's."""
     if shapes is None:
         return  # load_weights says why the file cannot be read
-    own = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    if shapes == own:
+    own = shapes_of(model.state_dict())
+    details = shape_differences(own, shapes)
+    if not details:
         return
     theirs = architecture_of(shapes)
     if theirs is not None and theirs != model.config.type:
         raise architecture_error(label, theirs, model.config.type)
-    missing, unexpected = sorted(own.keys() - shapes.keys()), sorted(shapes.keys() - own.keys())
-    wrong = sorted(name for name in own.keys() & shapes.keys() if own[name] != shapes[name])
-    details = "; ".join(part for part in (
-        f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
-        "shape differs for " + ", ".join(f"{name} {shapes[name]} there vs {own[name]} here" for name in wrong[:5])
-        if wrong else "") if part)
-    hint = position_hint(shapes[POSITIONS][0], own[POSITIONS][0]) if POSITIONS in wrong else ""
+    there, mine = shapes.get(POSITIONS), own.get(POSITIONS)
+    hint = position_hint(there[0], mine[0]) if there and mine else ""  # "" unless their table is the shorter
     raise ConfigError(f"model.init_from: the weights in {weights} do not fit this model config ({details})."
                       + (hint or " Set the model section to the checkpoint's shape."))
