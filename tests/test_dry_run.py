@@ -3,6 +3,7 @@ that is quick, a signal ends it at once, nothing written."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -82,7 +83,14 @@ def test_the_estimate_uses_the_thread_count_the_run_would_choose(run_cli, tiny_d
 
     monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: 1e15)
     monkeypatch.setattr(dry_run, "plan_threads", lambda *a, **k: threads.ThreadPlan([2, 1], "train.threads=auto"))
-    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: {2: 0.8, 1: 0.1}[torch.get_num_threads()])
+    clock = [0.0]
+
+    def one_pass(batch):  # what a pass takes at the current count: 8x slower at 2 threads on a busy CPU
+        clock[0] += {2: 0.8, 1: 0.1}[torch.get_num_threads()]
+
+    monkeypatch.setattr(dry_run, "ThreadTuner", functools.partial(threads.ThreadTuner, timer=lambda: clock[0],
+                                                                  run_pass=one_pass))
+    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: pytest.fail("timed outside the tuner"))
     config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 40, "deterministic": False, "threads": "auto"})
     code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
                              str(tmp_path / "R"), "--dry-run")

@@ -21,7 +21,7 @@ from bertrain.train.checkpoint import choose_checkpoint, data_info
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.step_cost import MATMUL_SHARE, matmul_rate, measure_micro_batch, training_flops
 from bertrain.train.stream import TrainStream
-from bertrain.train.threads import choose_threads, plan_threads
+from bertrain.train.threads import ThreadTuner, plan_threads
 
 QUICK_SECONDS = 10.0
 # More passes over the training data than this are warned about (a plan of 13,889 epochs once went unremarked).
@@ -29,25 +29,20 @@ MAX_EPOCHS_UNREMARKED = 100
 WHOLE_WARMUP_SECONDS = 2.0
 
 
-def measure_as_the_run_would(model, accelerator, batch: dict, warmup_rows: int, config: Config,
-                             expected: float) -> tuple[float, str]:
-    """(seconds, which thread count) of one micro-batch at the thread count the run would choose: under
-    `train.threads: auto` each count it compares (when quick enough), as another job on the cores changes which
-    wins (2 threads took 0.96 s, 1 thread 0.13 s on a shared 2-core CPU)."""
+def measure_as_the_run_would(model, accelerator, batch: dict, warmup_rows: int, config: Config, expected: float,
+                             console: Console) -> tuple[float, str]:
+    """(seconds, at which thread count) of one micro-batch: under `train.threads: auto` (when quick enough) timed
+    and chosen by the run's own ThreadTuner, as another job on the cores changes which count wins (2 threads took
+    0.96 s, 1 thread 0.13 s on a shared 2-core CPU)."""
     train = config.train
     plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=accelerator.num_processes,
                         deterministic=train.deterministic)
-    default = torch.get_num_threads()
-    if plan is None or not plan.auto or expected * len(plan.candidates) > QUICK_SECONDS:
+    passes = 2 * len(plan.candidates) + 1 if plan is not None else 0  # a warm-up, then two alternated per count
+    if plan is None or not plan.auto or expected * passes > QUICK_SECONDS:
         return measure_micro_batch(model, accelerator, batch, warmup_rows), ""
-    seconds = {}
-    for count in plan.candidates:
-        torch.set_num_threads(count)
-        seconds[count] = [measure_micro_batch(model, accelerator, batch, warmup_rows)]
-    chosen = choose_threads(seconds, default)
-    torch.set_num_threads(chosen)
-    compared = ", ".join(f"{count}: {times[0]:.3f} s" for count, times in seconds.items())
-    return seconds[chosen][0], f"{chosen} thread(s), as train.threads auto would choose; {compared}"
+    tuner = ThreadTuner(plan, model, accelerator, batch)
+    _say(console, tuner.probe() or "")
+    return tuner.tokens / tuner.estimate, f"{tuner.threads} thread(s), as train.threads auto would choose"
 
 
 def repetition_warning(config: Config, epoch_length: int, total_steps: int) -> str | None:
@@ -128,7 +123,8 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         # Warm up on the whole micro-batch when that is cheap: a first pass at a new shape ran ~10x slower here.
         batch = stream.next()
         warmup_rows = len(batch["input_ids"]) if expected <= WHOLE_WARMUP_SECONDS else 1
-        seconds, threads = measure_as_the_run_would(model, accelerator, batch, warmup_rows, config, expected)
+        seconds, threads = measure_as_the_run_would(model, accelerator, batch, warmup_rows, config, expected,
+                                                    console)
         fault_hooks.fire("STEP_DELAY", 0)  # after the measurement: a slow dry run for the signal test
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
         if isinstance(error, RuntimeError) and "memory" not in str(error):
