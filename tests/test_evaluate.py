@@ -455,6 +455,15 @@ def run_cli(*args: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **popen)
 
 
+def signal_after_the_first_run(process: subprocess.Popen, out: Path, sig: int) -> tuple[str, str]:
+    """Send `sig` once the evaluation in `out` has recorded a run (or ended); its (stdout, stderr)."""
+    deadline = time.time() + 120
+    while not (out / "results.json").is_file() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(sig)
+    return process.communicate(timeout=120)
+
+
 def test_cli_sigterm_exits_75_and_the_same_command_continues(tmp_path):
     model = tiny_model_dir(tmp_path)
     task = write_task(tmp_path / "task", train_rows=400)
@@ -462,11 +471,7 @@ def test_cli_sigterm_exits_75_and_the_same_command_continues(tmp_path):
     args = ["evaluate", str(model), "--tasks", str(task), "--seeds", "3", "--out", str(out),
             *[item for override in QUICK for item in ("--set", override)]]
     process = run_cli(*args)
-    deadline = time.time() + 120
-    while not (out / "results.json").is_file() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=120)
+    stdout, stderr = signal_after_the_first_run(process, out, signal.SIGTERM)
     assert process.returncode == 75, stderr
     assert "evaluate stopped by SIGTERM" in stderr
     recorded = read_results(out)["runs"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import time
 
 import pytest
 
@@ -17,7 +16,8 @@ from bertrain.train import downstream
 from bertrain.train.downstream_results import read_results, results_markdown, rows
 from bertrain.train.scores import summarize
 from tests.helpers import default_ctrl_c
-from tests.test_evaluate import QUICK, quiet_console, run_cli, tiny_model_dir, write_task
+from tests.test_evaluate import (QUICK, quiet_console, run_cli, signal_after_the_first_run, tiny_model_dir,
+                                 write_task)
 
 FAST = QUICK + ["finetune.max_train_examples=16"]
 
@@ -91,11 +91,7 @@ def test_cli_ctrl_c_exits_130_and_says_how_to_continue(tmp_path):
     out = tmp_path / "eval"
     process = run_cli("evaluate", str(model), "--tasks", str(task), "--seeds", "30", "--out", str(out),
                       *[item for override in QUICK for item in ("--set", override)], preexec_fn=default_ctrl_c)
-    deadline = time.time() + 120
-    while not (out / "results.json").is_file() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = signal_after_the_first_run(process, out, signal.SIGINT)
     assert process.returncode == 130, stderr
     assert "evaluate stopped by Ctrl-C: every finished (task, seed) is in results.json; run the same command to " \
         "continue from there." in " ".join(stderr.split()) and "Traceback" not in stderr

@@ -103,10 +103,14 @@ def assert_gone(pid):
     raise AssertionError(f"worker {pid} still runs after prepare exited")
 
 
-def start_paused_prepare(tmp_path, corpus, marker):
-    return subprocess.Popen(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True,
-                            env=pretrain_env(PAUSE_MARKER=str(marker)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_ctrl_c)
+def start_paused_prepare(tmp_path):
+    """(corpus, process, worker pid): a prepare of CPython's docs into tmp_path/data, one worker paused in a shard."""
+    corpus, marker = tmp_path / "pydoc", tmp_path / "paused"
+    write_pydoc_corpus(corpus)
+    process = subprocess.Popen(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True,
+                               env=pretrain_env(PAUSE_MARKER=str(marker)), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_ctrl_c)
+    return corpus, process, wait_for(marker, process)
 
 
 def assert_requeue_exit(process):
@@ -121,11 +125,7 @@ def assert_requeue_exit(process):
 
 
 def test_sigterm_during_prepare_exits_75_stops_the_workers_and_resumes(tmp_path):
-    corpus = tmp_path / "pydoc"
-    write_pydoc_corpus(corpus)
-    marker = tmp_path / "paused"
-    process = start_paused_prepare(tmp_path, corpus, marker)
-    worker = wait_for(marker, process)
+    corpus, process, worker = start_paused_prepare(tmp_path)
     process.send_signal(signal.SIGTERM)  # `kill PID`: the workers get nothing, prepare must stop them
     assert_requeue_exit(process)
     assert_gone(worker)
@@ -135,11 +135,7 @@ def test_sigterm_during_prepare_exits_75_stops_the_workers_and_resumes(tmp_path)
 
 
 def test_sigterm_to_the_whole_process_group_exits_75(tmp_path):
-    corpus = tmp_path / "pydoc"
-    write_pydoc_corpus(corpus)
-    marker = tmp_path / "paused"
-    process = start_paused_prepare(tmp_path, corpus, marker)
-    worker = wait_for(marker, process)
+    corpus, process, worker = start_paused_prepare(tmp_path)
     os.killpg(process.pid, signal.SIGTERM)  # a scheduler's preemption reaches prepare and its workers at once
     assert_requeue_exit(process)
     assert_gone(worker)
