@@ -81,12 +81,13 @@ def check_vocabulary(there: dict[str, int], here: dict[str, int], label: str, so
 def check_checkpoint_tokenizer(checkpoint: Path, run_tokenizer: Path, here: dict[str, int], rows_fit: bool,
                                warn: Callable[[str], None]) -> None:
     """Compare a bertrain checkpoint's tokenizer (its copy, RUN_DIR/tokenizer, or the sha256 its data record holds)."""
-    recorded = _data_record(checkpoint).get("tokenizer_sha256")
+    record = _data_record(checkpoint)
+    recorded = record.get("tokenizer_sha256")
     if recorded and recorded == file_sha256(run_tokenizer / "tokenizer.json"):
         return
     source = rundir.find_tokenizer_dir(checkpoint)
     if source is None and recorded:  # the DATA_DIR phase 1 trained on, if it still holds that tokenizer
-        data_tokenizer = Path(_data_record(checkpoint).get("path", "")) / rundir.TOKENIZER
+        data_tokenizer = Path(record.get("path", "")) / rundir.TOKENIZER
         if (data_tokenizer / "tokenizer.json").is_file() and file_sha256(data_tokenizer / "tokenizer.json") == recorded:
             source = data_tokenizer
     if source is None:
