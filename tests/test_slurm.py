@@ -62,7 +62,8 @@ export SLURM_NODEID=0
 "$@" &
 child=$!
 trap 'kill -USR1 $child' USR1; trap 'kill -TERM $child' TERM
-while kill -0 $child 2>/dev/null; do wait $child; rc=$?; done
+wait $child; rc=$?  # a task that already ended is waited for here: its status, not the loop's kill -0
+while kill -0 $child 2>/dev/null; do wait $child; rc=$?; done  # a forwarded signal ended the wait early
 exit $rc
 """,
     "scontrol": """#!/bin/bash
