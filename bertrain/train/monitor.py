@@ -70,9 +70,22 @@ def truncate_metrics(run_dir: str | Path, last_step: int) -> int:
     records, needs_rewrite = _read_records(path)
     kept = [r for r in records if r.get("step", 0) <= last_step]
     if len(kept) != len(records) or needs_rewrite:
-        text = "".join(json.dumps(r) + "\n" for r in kept)
+        text = "".join(json_line(r) for r in kept)
         write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return len(records) - len(kept)
+
+
+def json_line(record: dict) -> str:
+    """One metrics.jsonl line in strict JSON: a NaN or infinite value (a diverged step's grad norm) is null, since
+    Python's bare `NaN`/`Infinity` break jq, JavaScript and other strict readers of the file."""
+    def strict(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: strict(item) for key, item in value.items()}
+        return [strict(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+    return json.dumps(strict(record), allow_nan=False) + "\n"
 
 
 def _short(value: Any) -> str:
@@ -198,7 +211,7 @@ class Monitor(NullMonitor):
         """Append one record to metrics.jsonl only: train, eval, and the marks `bertrain report` draws."""
         record = {"kind": kind, "step": step, **fields, "time": time.time()}
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json_line(record))
         return record
 
     def message(self, text: str) -> None:
