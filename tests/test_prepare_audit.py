@@ -141,6 +141,20 @@ def test_sigterm_to_the_whole_process_group_exits_75(tmp_path):
     assert_gone(worker)
 
 
+def test_sigterm_before_the_stages_exits_75_not_143():
+    # Before prepare's stages install their handler (imports, reading the recipe) the default action was a silent
+    # 143, which a job script does not requeue. The CLI's own early handler is installed, then the signal sent.
+    code = ("import os, signal, sys, time\n"
+            "sys.argv = ['bertrain', 'prepare', '--recipe', 'pydoc']\n"
+            "from bertrain import cli\n"
+            "cli._install_early_signal_handlers()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    assert result.returncode == 75, result
+    assert result.stderr.strip() == "prepare stopped by SIGTERM; run the same command again to resume."
+
+
 def test_empty_validation_split_warns_and_the_guessed_layout_is_said_per_source(tmp_path):
     paragraphs = tmp_path / "paragraphs"
     paragraphs.mkdir()

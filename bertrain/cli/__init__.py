@@ -13,6 +13,19 @@ def _install_early_signal_handlers() -> None:
 
         install_handlers()
         interrupt_at_startup()
+    elif "prepare" in sys.argv[1:3]:
+        import signal
+
+        signal.signal(signal.SIGTERM, _prepare_requeue)
+
+
+def _prepare_requeue(signum: int, frame: object) -> None:
+    """SIGTERM to prepare outside its stages (they handle it themselves): nothing is being written, so exit 75
+    (requeue) at once, where the default action was a silent exit 143 that a job script does not requeue."""
+    from bertrain.errors import EXIT_REQUEUE
+
+    print("prepare stopped by SIGTERM; run the same command again to resume.", file=sys.stderr, flush=True)
+    os._exit(EXIT_REQUEUE)  # not an exception: one raised while Python runs a finalizer is printed and dropped
 
 
 def _command_modules() -> None:
