@@ -157,13 +157,24 @@ def inspect(
                                "lookup probes fit on training batches and scored on held-out documents."),
     audit_instances: int = typer.Option(20_000, "--audit-instances", min=100,
                                         help="Labelled instances the audit reads (half fit, half held out)."),
+    verify: bool = typer.Option(False, "--verify", help="Check every shard's files against the sha256 the "
+                                "manifest keeps (after a copy, or a disk you doubt); exit 1 naming any that differ."),
 ) -> None:
     """Summarize a prepared DATA_DIR: manifest, length histograms, a few decoded documents.
 
     Example: bertrain inspect data/pydoc --pairs --config tiny_bert --audit
+
+    Example: bertrain inspect data/pydoc --verify
     """
     if audit and not pairs:
         raise typer.BadParameter("--audit needs --pairs (it audits the training pairs of --config).")
+    if verify:
+        if pairs:
+            raise typer.BadParameter("--verify checks the shards only: run it without --pairs.")
+        from bertrain.data.verify import verify_prepared
+
+        verify_prepared(data_dir, console)
+        return
     if pairs:
         from bertrain.data.inspect_pairs import show_audit, show_pairs
 

@@ -3,7 +3,9 @@
 DATA_DIR/
   manifest.json                      fingerprint (sha256 of the rest), format_version 1, tokenizer {kind, word_marker,
                                      vocab_size, sha256, special token ids and strings}, token_dtype, per-split shard
-                                     and total counts; sources, counts, settings: free-form records
+                                     and total counts, each shard's sha256 (of its files in shard_paths' order,
+                                     checked by `inspect --verify`; absent in data prepared before Nov 2026);
+                                     sources, counts, settings: free-form records
   tokenizer/                         tokenizer.json + tokenizer_config.json + special_tokens_map.json
   {split}/shard-NNNNN.tokens.npy     1-D uint16 (vocab <= 65536) or uint32: all sentences' tokens, concatenated
   {split}/shard-NNNNN.sentences.npy  1-D int64, n_sentences + 1 token offsets: sentence i = tokens[s[i]:s[i+1]]
@@ -22,7 +24,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -47,6 +49,20 @@ def shard_paths(split_dir: Path, name: str, version: int = FORMAT_VERSION) -> di
     return {part: split_dir / f"{name}.{part}.npy" for part in parts}
 
 
+def shard_sha256(split_dir: Path, name: str, version: int = FORMAT_VERSION,
+                 on_bytes: Callable[[int], None] | None = None) -> str:
+    """sha256 over a shard's files in shard_paths' order, as its manifest record keeps it; `on_bytes` gets each
+    block's size (a progress bar)."""
+    digest = hashlib.sha256()
+    for path in shard_paths(split_dir, name, version).values():
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
+                if on_bytes is not None:
+                    on_bytes(len(block))
+    return digest.hexdigest()
+
+
 def _atomic_save(path: Path, array: np.ndarray) -> None:
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:  # a file, not a name: np.save would append ".npy" to the name
@@ -55,7 +71,7 @@ def _atomic_save(path: Path, array: np.ndarray) -> None:
 
 
 def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_offsets: np.ndarray,
-                document_offsets: np.ndarray, word_starts: np.ndarray) -> dict[str, int]:
+                document_offsets: np.ndarray, word_starts: np.ndarray) -> dict[str, Any]:
     """Write one shard atomically (documents file last: its presence marks completion); `word_starts` is one
     bool per token."""
     split_dir = Path(split_dir)
@@ -74,7 +90,7 @@ def write_shard(split_dir: str | Path, name: str, tokens: np.ndarray, sentence_o
     _atomic_save(paths["word_starts"], np.packbits(np.asarray(word_starts, dtype=bool)))
     _atomic_save(paths["documents"], document_offsets)
     return {"name": name, "documents": len(document_offsets) - 1, "sentences": len(sentence_offsets) - 1,
-            "tokens": int(len(tokens))}
+            "tokens": int(len(tokens)), "sha256": shard_sha256(split_dir, name)}
 
 
 def fingerprint(manifest: dict[str, Any]) -> str:

@@ -143,6 +143,9 @@ def _run_tokenizer(plan: _Plan, documents: dict[str, Any], console: Any, timings
     tick = time.perf_counter()
     stats = build_tokenizer(plan.out, documents, plan.tokenizer_config, console)
     timings["tokenizer"] = time.perf_counter() - tick
+    # Measured now, while the documents' text exists: a manifest gathered again later (after the text was removed)
+    # gets the same stats, and so the same fingerprint.
+    stats["normalization"] = measure_normalization(plan.out, load_tokenizer(plan.out / "tokenizer"))
     record = {"key": plan.tokenizer_key, "stats": stats}
     write_json(plan.out / WORK / "tokenizer.json", record)
     return record
@@ -189,7 +192,8 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
         return None, pending
     existing = read_json(out / "manifest.json")
     if existing is None or existing.get("settings", {}).get("input_key") != plan.key:
-        stats = {**stats, "normalization": measure_normalization(out, load_tokenizer(out / "tokenizer"))}
+        if "normalization" not in stats:  # a tokenizer record of an older bertrain
+            stats = {**stats, "normalization": measure_normalization(out, load_tokenizer(out / "tokenizer"))}
         manifest = build_manifest(out, documents, stats, facts, plan.key, plan.settings, plan.sources,
                                   plan.counts, plan.skipped)
     else:

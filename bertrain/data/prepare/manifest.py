@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bertrain.config import flatten
-from bertrain.data.format import SPLITS, token_dtype_for, write_manifest
+from bertrain.data.format import SPLITS, shard_sha256, token_dtype_for, write_manifest
 from bertrain.data.prepare.documents import unaccounted_documents
 from bertrain.data.prepare.shards import shard_record
 from bertrain.data.prepare.workdir import read_json
@@ -33,7 +33,10 @@ def _gather_splits(out: Path, documents: dict[str, Any], key: str) -> tuple[dict
             for field in SHARD_TOTALS:
                 shard_totals[f"{split}_{field}"] += record.get(field, 0)
             if record["documents"] or (split == "validation" and not records):
-                records.append({k: record[k] for k in ("name", "documents", "sentences", "tokens")})
+                # A shard tokenized by an older bertrain (a resumed prepare) has no checksum in its record yet.
+                sha256 = record.get("sha256") or shard_sha256(out / split, record["name"])
+                records.append({**{k: record[k] for k in ("name", "documents", "sentences", "tokens")},
+                                "sha256": sha256})
         splits[split] = {"shards": records, "documents": sum(r["documents"] for r in records),
                          "sentences": sum(r["sentences"] for r in records),
                          "tokens": sum(r["tokens"] for r in records)}
