@@ -261,8 +261,10 @@ def test_inspect_model_total_equals_transformers_count(run_cli, name):
         reference = model_cls(config_cls(**values))
     assert total == reference.num_parameters() == sum(p.numel() for p in reference.parameters())
     published = {"bert_base": "110M", "bert_large": "340M", "albert_base": "12M", "albert_large": "18M"}[name]
-    assert "published" in out and published in out
+    assert "published" in out and published in out and "vocabulary tokens" not in out
     code, out, _ = run_cli("inspect-model", name, "--vocab-size", "1000")
+    # The paper's count is for its vocabulary: said beside another one (a Chinese or a demo tokenizer).
+    assert f"{published} with {config.vocab_size:,} vocabulary tokens, not 1,000" in " ".join(out.split())
     smaller = int(re.search(r"Total parameters: ([\d,]+)", out).group(1).replace(",", ""))
     embedding = config.embedding_size if config.type == "albert" else config.hidden_size
     assert total - smaller == (config.vocab_size - 1000) * (embedding + 1)  # embedding rows + MLM bias

@@ -25,7 +25,7 @@ def inspect_model(
     Example: bertrain inspect-model bert_base --vocab-size 30522
     """
     from bertrain.config import load_config
-    from bertrain.model.summary import parameter_summary
+    from bertrain.model.summary import DEFAULT_VOCAB, parameter_summary
 
     summary = parameter_summary(load_config(config, overrides or []).model, vocab_size)
     c = summary.model_config
@@ -39,6 +39,8 @@ def inspect_model(
     table.add_section()
     table.add_row("total", f"{summary.total:,}", f"{summary.total / 1e6:.1f}M")
     published = f"{summary.published[0]}: {summary.published[1]}" if summary.published else None
+    if published and c.vocab_size != DEFAULT_VOCAB[c.type]:  # the paper's count is for its own vocabulary
+        published += f" with {DEFAULT_VOCAB[c.type]:,} vocabulary tokens, not {c.vocab_size:,}"
     if published:
         table.add_row("published", "", published)
     console.print(table)
