@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -30,6 +32,38 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises plain Exceptions for a malformed file
         raise DataError(f"'{file}' is not a valid tokenizers JSON file ({error}).") from None
+
+
+def _normalizers(normalizer: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The steps of a tokenizer.json normalizer: a Sequence's, or the one."""
+    if not normalizer:
+        return []
+    if normalizer.get("type") == "Sequence":
+        return [step for inner in normalizer.get("normalizers", []) for step in _normalizers(inner)]
+    return [normalizer]
+
+
+def normalizer_settings(tokenizer: Tokenizer) -> dict[str, bool]:
+    """tokenizer_config.json's case and accent keys as tokenizer.json's normalizer does them. AutoTokenizer reads the
+    normalizer itself; transformers' BertTokenizer and AlbertTokenizer classes rebuild theirs from these keys, and
+    without them strip accents (BERT whenever it lowercases, ALBERT always)."""
+    data = json.loads(tokenizer.to_str())
+    steps = _normalizers(data.get("normalizer"))
+    lowercase = any(step.get("type") == "Lowercase" or step.get("lowercase") for step in steps)
+    strip = any(step.get("type") == "StripAccents" or step.get("strip_accents")
+                or (step.get("type") == "BertNormalizer" and step.get("strip_accents") is None and step.get("lowercase"))
+                for step in steps)
+    if data.get("model", {}).get("type") == "Unigram":
+        return {"do_lower_case": lowercase, "keep_accents": not strip}
+    return {"do_lower_case": lowercase, "strip_accents": strip}
+
+
+def corpus_tokenizer(path: str | Path) -> Tokenizer:
+    """load_tokenizer for corpus text: a literal `[MASK]` or `<pad>` in it is text, split like any other word (as
+    Google's create_pretraining_data read it), not the special token's id that masking and the loss treat as text."""
+    tokenizer = load_tokenizer(path)
+    tokenizer.encode_special_tokens = True
+    return tokenizer
 
 
 def token_strings(path: str | Path, vocab_size: int) -> list[str]:

@@ -14,6 +14,7 @@ from bertrain.config import TokenizerConfig
 from bertrain.files import file_sha256, write_atomic
 from bertrain.errors import ConfigError, DataError
 from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
+from bertrain.tokenizer_file import normalizer_settings
 
 # How Unigram text is cut before the model sees it: words, single digits, punctuation runs.
 UNIGRAM_SPLIT = r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"
@@ -41,21 +42,23 @@ def _strip_accents(config: TokenizerConfig) -> bool:
     return bool(config.strip_accents)
 
 
+def _without_control_characters() -> Any:
+    """Control and format characters deleted, as prepare's cleaning deletes them from the corpus (soft hyphen, zero
+    width space, BOM, C0/C1), so that text at fine-tuning and inference meets the tokenizer the corpus met. ZWNJ/ZWJ
+    stay (Persian and Indic spelling, emoji), as do tab and newline (whitespace), and SEED_MARK (a noncharacter, so
+    in no text) which Unigram training needs."""
+    return normalizers.Replace(Regex(r"[\p{C}\x{FFFD}&&[^\t\n\r\x{200C}\x{200D}\x{FDD0}]]"), "")
+
+
 def _wordpiece_normalizer(config: TokenizerConfig) -> Any:
-    """BERT's normalizer, whose cleaning also deleted ZWNJ/ZWJ (Persian and Indic spelling, emoji): the other
-    control and format characters are removed first, and whitespace made spaces, as its cleaning did."""
+    """BERT's normalizer, whose cleaning also deleted ZWNJ/ZWJ: here the other control and format characters are
+    removed first, whitespace made spaces, as its cleaning did, and text composed (NFC: a decomposed "é" is "é")."""
     return normalizers.Sequence([
-        normalizers.Replace(Regex(r"[\p{C}\x{FFFD}&&[^\t\n\r\x{200C}\x{200D}]]"), ""),
+        _without_control_characters(),
         normalizers.Replace(Regex(r"\s"), " "),
+        normalizers.NFC(),
         normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=True, strip_accents=_strip_accents(config),
                                    lowercase=config.lowercase)])
-
-
-def lowercases(normalizer: dict[str, Any]) -> bool:
-    """Whether a tokenizer.json normalizer (a Sequence or a single one) lowercases."""
-    if normalizer.get("type") == "Sequence":
-        return any(lowercases(step) for step in normalizer.get("normalizers", []))
-    return bool(normalizer.get("lowercase")) or normalizer.get("type") == "Lowercase"
 
 
 def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
@@ -81,7 +84,8 @@ def build_untrained(config: TokenizerConfig, alphabet: Iterable[str] = (),
             special_tokens=specials, continuing_subword_prefix=CONTINUATION, show_progress=False)
         return tokenizer, trainer
     tokenizer = Tokenizer(models.Unigram())
-    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"'), normalizers.NFKC()]
+    steps = [_without_control_characters(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"'),
+             normalizers.NFKC()]
     if config.lowercase:
         steps.append(normalizers.Lowercase())
     if _strip_accents(config):
@@ -269,7 +273,7 @@ def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out
     _check_specials(tokenizer, config.kind)
     specials = SPECIAL_TOKENS[config.kind]
     add_post_processor(tokenizer, specials["cls"], specials["sep"])
-    save_tokenizer(tokenizer, out, config.kind, lowercase=config.lowercase)
+    save_tokenizer(tokenizer, out, config.kind)
     stats = {
         "kind": config.kind,
         "vocab_size": tokenizer.get_vocab_size(),
@@ -293,7 +297,12 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
 
     def flush() -> None:
         nonlocal tokens, unknown
-        for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+        splits_specials, tokenizer.encode_special_tokens = tokenizer.encode_special_tokens, True  # as prepare's shards
+        try:
+            encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False)
+        finally:
+            tokenizer.encode_special_tokens = splits_specials
+        for encoding in encodings:
             tokens += len(encoding.ids)
             unknown += encoding.ids.count(unk)
 
@@ -312,8 +321,7 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
             "tokens_per_char": tokens / chars if chars else 0.0, "measured_words": words}
 
 
-def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bool = True,
-                   model_max_length: int = 512) -> Path:
+def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, model_max_length: int = 512) -> Path:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json (atomically, json last)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -332,7 +340,7 @@ def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, lowercase: bo
         "padding_side": "right",
         "truncation_side": "right",
         "clean_up_tokenization_spaces": False,
-        "do_lower_case": lowercase,
+        **normalizer_settings(tokenizer),
         "added_tokens_decoder": added,
         **tokens_map,
     }

@@ -22,7 +22,7 @@ from bertrain.model.from_checkpoint import (WORDS, architecture_error, architect
                                             check_vocabulary, check_weights_fit, model_from_checkpoint,
                                             position_hint, read_vocabulary, unfinished_run_warning, weight_shapes)
 from bertrain.special_tokens import SPECIAL_TOKENS
-from bertrain.tokenizer_file import TOKENIZER_FILES, load_tokenizer
+from bertrain.tokenizer_file import TOKENIZER_FILES, load_tokenizer, normalizer_settings
 
 HF_WEIGHTS = "model.safetensors"  # transformers' file name (by chance also ours: rundir.WEIGHTS)
 
@@ -258,6 +258,8 @@ def write_tokenizer_files(tokenizer: Path | None, out: Path, max_positions: int)
         wrapper_path = out / "tokenizer_config.json"
         wrapper = json.loads(wrapper_path.read_text(encoding="utf-8")) if wrapper_path.is_file() else {}
         wrapper["model_max_length"] = max_positions
+        # Data prepared before the wrapper kept the accent setting: BertTokenizer would strip accents the model kept.
+        wrapper.update(normalizer_settings(load_tokenizer(out)))
         wrapper_path.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False), encoding="utf-8")
     return copied
 

@@ -18,7 +18,7 @@ from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, read_json, write_json
 from bertrain.data.word_units import WordSegmenter, document_language, encode, word_starts_for
 from bertrain.files import exclusive_lock
-from bertrain.tokenizer_file import load_tokenizer
+from bertrain.tokenizer_file import corpus_tokenizer
 
 ENCODE_BATCH_SENTENCES = 4096
 
@@ -116,7 +116,7 @@ def tokenize_shard(documents_path: str, split_dir: str, name: str, tokenizer_dir
 def _write_shard(documents_path: str, split_path: Path, name: str, tokenizer_dir: str, facts: dict[str, Any],
                  word_segmenter: str, record_path: str, key: str) -> dict[str, Any]:
     """tokenize_shard's work, under its lock."""
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = corpus_tokenizer(tokenizer_dir)
     dtype = token_dtype_for(facts["vocab_size"])
     table = word_start_table(str(Path(tokenizer_dir) / "tokenizer.json"), facts["kind"], facts["word_marker"],
                              facts["vocab_size"])

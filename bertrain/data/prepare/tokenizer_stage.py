@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any, Iterator
 from bertrain.config import TokenizerConfig
 from bertrain.console import human_seconds
 from bertrain.data.prepare.workdir import WORK
-from bertrain.data.tokenizer import lowercases, save_tokenizer, tokenizer_kind, train_tokenizer
+from bertrain.data.tokenizer import save_tokenizer, tokenizer_kind, train_tokenizer
 from bertrain.files import file_sha256
 from bertrain.tokenizer_file import load_tokenizer
 
@@ -59,8 +58,7 @@ def copy_tokenizer(tokenizer_path: str, target: Path, console: Any) -> dict[str,
     """Save an existing tokenizer (directory or tokenizer.json) into DATA_DIR; return its stats."""
     loaded = load_tokenizer(tokenizer_path)
     kind = tokenizer_kind(loaded)
-    normalizer = json.loads(loaded.to_str()).get("normalizer") or {}
-    save_tokenizer(loaded, target, kind, lowercase=lowercases(normalizer))
+    save_tokenizer(loaded, target, kind)
     console.print(f"Using the existing {kind} tokenizer {tokenizer_path} ({loaded.get_vocab_size():,} tokens).")
     return {"kind": kind, "vocab_size": loaded.get_vocab_size(), "source": str(tokenizer_path),
             "sha256": file_sha256(target / "tokenizer.json")}
