@@ -72,3 +72,24 @@ def test_the_exported_wrapper_names_the_accent_setting_the_data_was_tokenized_wi
         assert wrapper["strip_accents"] is False and wrapper["do_lower_case"] is True
     else:
         assert wrapper["keep_accents"] is True and wrapper["do_lower_case"] is True
+
+
+def test_an_export_of_older_data_gets_the_accent_setting_and_the_named_classes_keep_accents(prepared, tmp_path):
+    from bertrain.model.hf import write_tokenizer_files
+
+    old = tmp_path / "old"  # a DATA_DIR tokenizer written before the wrapper kept the accent setting
+    old.mkdir()
+    for name in ("tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"):
+        (old / name).write_bytes((prepared / "tokenizer" / name).read_bytes())
+    wrapper = json.loads((old / "tokenizer_config.json").read_text())
+    for key in ("strip_accents", "keep_accents"):
+        wrapper.pop(key, None)
+    (old / "tokenizer_config.json").write_text(json.dumps(wrapper))
+    export = tmp_path / "export"
+    export.mkdir()
+    write_tokenizer_files(old, export, max_positions=128)
+    auto = transformers.AutoTokenizer.from_pretrained(str(export))
+    unigram = "keep_accents" in json.loads((export / "tokenizer_config.json").read_text())
+    named = (transformers.AlbertTokenizer if unigram else transformers.BertTokenizer).from_pretrained(str(export))
+    for text in ("Café Ünïcödé naïve", "Привет, Ёжик", "नमस्ते दुनिया"):  # marks a lowercasing class deleted
+        assert named(text)["input_ids"] == auto(text)["input_ids"], text
