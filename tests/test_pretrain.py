@@ -61,6 +61,8 @@ def test_pretrain_logs_evaluates_checkpoints_and_rotates(tmp_path, tiny_data):
     assert resolved.model.vocab_size == prepared.vocab_size and resolved.data.path == str(tiny_data)
     assert (run_dir / "tokenizer" / "tokenizer.json").read_bytes() == \
         (tiny_data / "tokenizer" / "tokenizer.json").read_bytes()
+    wrapper = json.loads((run_dir / "tokenizer" / "tokenizer_config.json").read_text())
+    assert wrapper["model_max_length"] == resolved.model.max_position_embeddings != 512  # the model's, as exported
 
     # tokens_seen against an independent count from the loader: non-padding tokens of 6 micro-batches.
     from bertrain.data.loader import build_train_loader

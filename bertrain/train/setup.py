@@ -15,6 +15,7 @@ from bertrain.config import Config, TrainConfig, dump_yaml
 from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.loader import epoch_tokens
 from bertrain.errors import ConfigError
+from bertrain.model.hf import write_tokenizer_files
 from bertrain.train.checkpoint import TrainState
 from bertrain.train.monitor import truncate_metrics
 from bertrain.train.precision import choose_mixed_precision, local_device_type, set_tf32
@@ -76,7 +77,9 @@ def write_run_files(run_dir: Path, config: Config, prepared: PreparedData, state
     tokenizer_copy = run_dir / rundir.TOKENIZER
     if prepared.tokenizer_dir.is_dir():
         shutil.rmtree(tokenizer_copy, ignore_errors=True)
-        shutil.copytree(prepared.tokenizer_dir, tokenizer_copy)
+        tokenizer_copy.mkdir()
+        # As an export writes it: model_max_length is the model's positions (transformers truncates to it).
+        write_tokenizer_files(prepared.tokenizer_dir, tokenizer_copy, config.model.max_position_embeddings)
     dropped = truncate_metrics(run_dir, state.step)
     if resume_path is not None:
         console.print(f"Resuming from {resume_path} (step {state.step}, epoch {state.epoch}, "
