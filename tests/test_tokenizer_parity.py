@@ -93,3 +93,25 @@ def test_an_export_of_older_data_gets_the_accent_setting_and_the_named_classes_k
     named = (transformers.AlbertTokenizer if unigram else transformers.BertTokenizer).from_pretrained(str(export))
     for text in ("Café Ünïcödé naïve", "Привет, Ёжик", "नमस्ते दुनिया"):  # marks a lowercasing class deleted
         assert named(text)["input_ids"] == auto(text)["input_ids"], text
+
+
+def test_a_wordpiece_export_has_googles_vocab_txt_which_gives_the_same_ids(prepared, tmp_path):
+    from bertrain.model.hf import write_tokenizer_files
+    from bertrain.tokenizer_file import load_tokenizer
+
+    export = tmp_path / "export"
+    export.mkdir()
+    written = write_tokenizer_files(prepared / "tokenizer", export, max_positions=128)
+    tokenizer = load_tokenizer(prepared / "tokenizer")
+    if json.loads(tokenizer.to_str())["model"]["type"] != "WordPiece":
+        assert "vocab.txt" not in written and not (export / "vocab.txt").exists()
+        return
+    lines = (export / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert "vocab.txt" in written and lines == [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+    vocab_only = tmp_path / "vocab_only"  # what a tool that reads vocab.txt alone builds: transformers' BertTokenizer
+    vocab_only.mkdir()
+    (vocab_only / "vocab.txt").write_bytes((export / "vocab.txt").read_bytes())
+    named = transformers.BertTokenizer.from_pretrained(str(vocab_only), do_lower_case=True, strip_accents=False)
+    auto = transformers.AutoTokenizer.from_pretrained(str(export))
+    for text in pydoc_paragraphs()[:50]:
+        assert named(text)["input_ids"] == auto(text)["input_ids"]

@@ -246,7 +246,8 @@ def _pad_token_id(tokenizer_dir: Path | None) -> int:
 
 
 def write_tokenizer_files(tokenizer: Path | None, out: Path, max_positions: int) -> list[str]:
-    """Copy the tokenizer files into an export dir, with model_max_length = the model's positions; the names copied."""
+    """Copy the tokenizer files into an export dir, with model_max_length = the model's positions, the case and accent
+    settings, and a WordPiece vocab.txt; the names written."""
     copied = []
     if tokenizer is not None and tokenizer.resolve() != out.resolve():
         for name in TOKENIZER_FILES:
@@ -259,7 +260,13 @@ def write_tokenizer_files(tokenizer: Path | None, out: Path, max_positions: int)
         wrapper = json.loads(wrapper_path.read_text(encoding="utf-8")) if wrapper_path.is_file() else {}
         wrapper["model_max_length"] = max_positions
         # Data prepared before the wrapper kept the accent setting: BertTokenizer would strip accents the model kept.
-        wrapper.update(normalizer_settings(load_tokenizer(out)))
+        loaded = load_tokenizer(out)
+        wrapper.update(normalizer_settings(loaded))
+        if json.loads(loaded.to_str())["model"]["type"] == "WordPiece":
+            # Google's format, one token a line in id order: what TensorFlow BERT code and older tools read.
+            vocab = sorted(loaded.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
+            (out / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab), encoding="utf-8")
+            copied = list(dict.fromkeys(copied + ["vocab.txt"]))
         wrapper_path.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False), encoding="utf-8")
     return copied
 
