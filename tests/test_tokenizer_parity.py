@@ -115,3 +115,18 @@ def test_a_wordpiece_export_has_googles_vocab_txt_which_gives_the_same_ids(prepa
     auto = transformers.AutoTokenizer.from_pretrained(str(export))
     for text in pydoc_paragraphs()[:50]:
         assert named(text)["input_ids"] == auto(text)["input_ids"]
+
+
+def test_inspect_shows_unknown_tokens_where_they_stand(prepared, run_cli, tmp_path):
+    corpus = tmp_path / "new.txt"  # characters the tokenizer never saw: [UNK] / <unk> in the shards
+    corpus.write_text("".join(f"Document {i} has a snowman \u2603 here.\nAnd then \u6f22\u5b57 there.\n\n"
+                              for i in range(20)), encoding="utf-8")
+    recipe = Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(corpus), text_layout="sentence_per_line")],
+                                          num_shards=1, validation_fraction=0.0, workers=1),
+                    tokenizer=TokenizerConfig(path=str(prepared / "tokenizer")))
+    prepare_corpus(recipe, tmp_path / "data")
+    specials = open_prepared(tmp_path / "data").special_tokens
+    assert all(specials["unk"] in sentence for doc in stored_documents(tmp_path / "data") for sentence in doc)
+    code, out, err = run_cli("inspect", str(tmp_path / "data"), "--documents", "2")
+    shown = out.count("[UNK]") + out.count("<unk>")
+    assert code == 0 and shown >= 4, out + err  # decoded with special tokens skipped, they were silent gaps

@@ -88,7 +88,9 @@ def show_data_summary(data_dir: str | Path, console: Any, num_documents: int = 3
                          f"{int(sentences[last] - sentences[first])} tokens")
             for sentence in range(first, min(last, first + 8)):
                 ids = np.asarray(shard.tokens[sentences[sentence]:sentences[sentence + 1]]).tolist()
-                console.print(f"  {tokenizer_object.decode(ids)}", markup=False, highlight=False)
+                # Special tokens shown: an [UNK] is a character the vocabulary lacks, not a gap in the text.
+                text = tokenizer_object.decode(ids, skip_special_tokens=False)
+                console.print(f"  {text}", markup=False, highlight=False)
             if last - first > 8:
                 console.print(f"  ... {last - first - 8} more sentences")
             shown += 1
