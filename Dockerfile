@@ -1,24 +1,27 @@
 # bertrain on a CUDA PyTorch image: prepare corpora and pretrain BERT/ALBERT on GPUs.
 #   docker build -t bertrain .
-#   docker run --gpus all --rm -it -v "$PWD/work:/work" -w /work bertrain demo
-#   docker run --gpus all --rm -it -v "$PWD/work:/work" -w /work --entrypoint accelerate bertrain \
-#       launch --multi_gpu --num_processes 8 -m bertrain pretrain --config albert_base --data data/wiki
+#   docker run --gpus all --rm -it -v "$PWD/work:/work" bertrain demo
+#   docker run --gpus all --rm -it -v "$PWD/work:/work" bertrain \
+#       launch --nproc 8 pretrain --config albert_base --data data/wiki --run-dir runs/albert
+# (`bertrain launch` keeps the processes' exit codes: 75 means requeue; a bare launcher would say 1.)
 # The base image already has CUDA torch, so the README's CPU torch line is left out here.
 FROM pytorch/pytorch:2.8.0-cuda12.9-cudnn9-runtime
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
-    HF_HOME=/cache/huggingface \
+    HF_HOME=/work/.cache/huggingface \
     WANDB_DIR=/work
 
 WORKDIR /opt/bertrain
-# Metadata first so the dependency layer is rebuilt only when pyproject.toml changes.
+# The dependencies from the metadata alone, with an empty package in place of the code: this layer is rebuilt only
+# when pyproject.toml changes, not on every source edit. The editable install points at ./bertrain, which the next
+# COPY fills. The extras: sentence splitting for Thai, and the Chinese and Japanese word segmenters (the zh/ja
+# recipes), as .ci/run installs them.
 COPY pyproject.toml README.md ./
+RUN mkdir bertrain && touch bertrain/__init__.py \
+    && python3 -m pip install --no-cache-dir -e ".[dev,thai,sentencex,zh,ja]"
 COPY bertrain ./bertrain
-# The README's install command (minus the CPU torch line).
-RUN python3 -m pip install --no-cache-dir -e ".[dev]"
-
 COPY tests ./tests
 
 WORKDIR /work

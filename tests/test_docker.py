@@ -45,7 +45,11 @@ def test_dockerfile_installs_like_the_readme():
     text = DOCKERFILE.read_text()
     base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
     assert re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda12\.\d+-cudnn9-runtime", base), base
-    assert re.search(r'pip install (--no-cache-dir )?-e "\.\[dev\]"', text)
+    extras = re.search(r'pip install (?:--no-cache-dir )?-e "\.\[([a-z,]+)\]"', text).group(1).split(",")
+    section = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1].split("\n[")[0]
+    assert "dev" in extras and set(extras) <= set(re.findall(r"^([a-z]+) = \[", section, re.M)), extras
+    # The dependency layer comes before the code, so that a source edit does not reinstall every dependency.
+    assert text.index("pip install") < text.index("COPY bertrain ./bertrain")
     assert "torch==" not in text, "the base image has CUDA torch; the CPU torch line must not be installed"
     readme = (ROOT / "README.md").read_text()
     assert 'python3 -m pip install -e ".[dev]"' in readme
