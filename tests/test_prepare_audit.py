@@ -277,3 +277,18 @@ def test_a_log_says_when_tokenizer_training_starts_and_ends(tmp_path):
     lines = said.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Training the wordpiece tokenizer (vocab 200)"))
     assert lines[start + 1].startswith("Tokenizer trained in ")
+
+
+def test_a_job_array_task_says_how_many_shards_of_each_split_are_left(tmp_path):
+    corpus = tmp_path / "pydoc"
+    write_pydoc_corpus(corpus)
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    recipe = Recipe(prepare=PrepareConfig(sources=[SourceConfig(path=str(corpus))], num_shards=3,
+                                          validation_fraction=0.1, workers=1),
+                    tokenizer=TokenizerConfig(vocab_size=300))
+    prepare_corpus(recipe, tmp_path / "data", shard_index=2, console=console)
+    # Task 0 also writes the validation shard: the count names the splits (it said "3 shard(s)" alone).
+    assert "Shard 2 done; 3 shard(s) still to do (2 train, 1 validation)." in console.file.getvalue()
+    result = prepare_corpus(recipe, tmp_path / "data", shard_index=0, console=console)
+    assert result["pending_shards"] == ["train/shard-00001"]
+    assert "Shard 0 done; 1 shard(s) still to do (1 train)." in console.file.getvalue()

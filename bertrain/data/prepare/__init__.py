@@ -187,8 +187,10 @@ def _finish(plan: _Plan, documents: dict[str, Any], stats: dict[str, Any], facts
         if not (out / WORK / "documents").is_dir():
             raise DataError(f"{out}: shards {', '.join(pending[:4])} are missing and the intermediate "
                             f"documents were removed; run prepare again without --shard-index to rebuild.")
-        console.print(f"Shard {shard_index} done; {len(pending)} shard(s) still to do. The manifest is "
-                      f"written by the last job, or by `bertrain prepare` without --shard-index.")
+        by_split = ", ".join(f"{sum(name.startswith(split + '/') for name in pending)} {split}" for split in SPLITS
+                             if any(name.startswith(split + "/") for name in pending))
+        console.print(f"Shard {shard_index} done; {len(pending)} shard(s) still to do ({by_split}). The manifest "
+                      f"is written by the last job, or by `bertrain prepare` without --shard-index.")
         return None, pending
     existing = read_json(out / "manifest.json")
     if existing is None or existing.get("settings", {}).get("input_key") != plan.key:
