@@ -79,6 +79,21 @@ def test_losses_are_transformers_losses(num_labels):
     assert abs(float(ours) - float(theirs)) <= 1e-5
 
 
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_under_bf16_autocast_the_head_is_float32(num_labels):
+    # Scores of a regression task came from bf16-rounded outputs: near values tied, a seed scored Pearson 0.0.
+    model = small_classifier("bert", num_labels)
+    ids, mask, types = padded_inputs()
+    pooled = []
+    model.pooler.register_forward_hook(lambda module, inputs, output: pooled.append(output))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids, mask, types).logits
+    assert pooled[0].dtype == torch.bfloat16  # the encoder did run in bf16
+    assert logits.dtype == torch.float32
+    reference = torch.tanh(pooled[0]).float() @ model.classifier.weight.T + model.classifier.bias  # bf16 tanh, as run
+    assert (logits - reference).abs().max() <= 1e-5
+
+
 def test_head_shares_the_pretrained_encoder_and_starts_from_the_seed():
     pretrained = build_model(ModelConfig(type="bert", **SMALL))
     a = SequenceClassifier(pretrained, 2, torch.Generator().manual_seed(3))

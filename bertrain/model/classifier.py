@@ -64,7 +64,10 @@ class SequenceClassifier(nn.Module):
             cls_rows = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
             first = self.encoder(x, attention_bias(attention_mask), False, cls_rows)[:, 0]  # [B, H]
         pooled = dropout(torch.tanh(self.pooler(first)), self.classifier_dropout, self.training)
-        logits = self.classifier(pooled)
+        # The head in float32 under autocast too: bf16 keeps 8 bits of a score, so a regression's outputs tied (one
+        # distinct value scored a seed Pearson 0.0) and close logits swapped. One small matmul: no cost.
+        with torch.autocast(pooled.device.type, enabled=False):
+            logits = self.classifier(pooled.float())  # [B, labels]
         loss = None
         if labels is not None:
             if self.num_labels == 1:
