@@ -139,6 +139,19 @@ def test_task_files_of_every_format_read_alike(tmp_path, suffix):
     assert len(validation["dev"]) == 24
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path, suffix):
+    # Excel's "CSV UTF-8" starts with one: "no value in column 'sentence1'" named a column the row seemed to have.
+    task = write_task(tmp_path / "bom", suffix)
+    for name in (f"train{suffix}", f"dev{suffix}"):
+        path = task.parent / name
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    (resolved,) = resolve_tasks(str(task), None)
+    train, validation = resolved.load()
+    records = task_records(48, 0)
+    assert train.texts == [(r["sentence1"], r["sentence2"]) for r in records] and len(validation["dev"]) == 24
+
+
 def test_regression_task_and_its_recipe_section(tmp_path):
     path = write_task(tmp_path, label="score", kind="regression", metric="pearson_spearman",
                       finetune={"epochs": 7, "lr": 5e-5})

@@ -52,7 +52,8 @@ def read_rows(path: Path, header: bool = True) -> Iterator[tuple[str, dict]]:
         for index, row in enumerate(rows):
             yield f"{path}: row {index + 1}", row
     elif suffix == ".jsonl":
-        with open(path, encoding="utf-8") as handle:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8", Notepad) is no part of the first column's name.
+        with open(path, encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, 1):
                 if not line.strip():
                     continue
@@ -67,7 +68,7 @@ def read_rows(path: Path, header: bool = True) -> Iterator[tuple[str, dict]]:
                 yield f"{path}:{number}", record
     elif suffix in (".csv", ".tsv"):
         options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {}
-        with open(path, encoding="utf-8", newline="") as handle:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
             reader = csv.reader(handle, **options)
             names = next(reader, None) if header else None
             for values in reader:
