@@ -199,10 +199,15 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     env = dict(os.environ, BERTRAIN_DEBUG="")
     plain = subprocess.run([sys.executable, "-m", "bertrain", "config", "show", str(bad)],
                            capture_output=True, text=True, env=env)
-    debug = subprocess.run([sys.executable, "-m", "bertrain", "--debug", "config", "show", str(bad)],
-                           capture_output=True, text=True, env=env)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+    # Before the command or after it (where users put it; it was "No such option: --debug"), or from the
+    # environment: the traceback, and the same exit code (it was 1, so a job script read a bad config as a failure).
+    show = ["config", "show", str(bad)]
+    for args, debug_env in ((["--debug", *show], ""), ([*show, "--debug"], ""), (show, "1")):
+        debug = subprocess.run([sys.executable, "-m", "bertrain", *args], capture_output=True, text=True,
+                               env=dict(env, BERTRAIN_DEBUG=debug_env))
+        assert debug.returncode == 2 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr, args
+        assert "'optim.lrr'" in debug.stderr  # the one-paragraph message too
 
 
 def test_yaml_no_and_off_mean_the_spelled_choices(tmp_path):

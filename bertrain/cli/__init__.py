@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print_to_launch_output()  # in a worker of `bertrain launch`: print where it prints
 
     _command_modules()
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _debug_first(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in args or os.environ.get("BERTRAIN_DEBUG", "").lower() in ("1", "true", "yes")
     print_config_warnings()
     command = typer.main.get_command(app)
@@ -73,8 +73,19 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for(error, debug)
 
 
+def _debug_first(args: list[str]) -> list[str]:
+    """`--debug` where users put it, after the command too (`bertrain pretrain … --debug`), moved to the root that
+    owns it; not for `launch`, whose own --debug shows the launcher's output, nor after `--`."""
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    end = args.index("--") if "--" in args else len(args)
+    if command == "launch" or "--debug" not in args[:end] or args[0] == "--debug":
+        return args
+    return ["--debug"] + [arg for index, arg in enumerate(args) if arg != "--debug" or index >= end]
+
+
 def exit_code_for(error: BaseException, debug: bool) -> int:
-    """Print `error` as one paragraph on stderr and return its exit code; with `debug`, failures are re-raised."""
+    """Print `error` as one paragraph on stderr and return its exit code; with `debug`, the traceback first (the
+    code stays: a usage error is 2 with or without it, so a job script reads the same)."""
     import typer
 
     from bertrain.cli.app import err_console
@@ -94,7 +105,9 @@ def exit_code_for(error: BaseException, debug: bool) -> int:
             err_console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
     if debug:
-        raise error
+        import traceback
+
+        traceback.print_exception(type(error), error, error.__traceback__)
     if isinstance(error, typer.TyperException):  # the parser's errors (typer >= 0.26): usage (exit 2) and the like
         error.show(file=sys.stderr)
         return error.exit_code
