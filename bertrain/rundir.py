@@ -21,8 +21,9 @@ LAUNCHER_LOG = "launcher.log"  # `bertrain launch --run-dir …`: the launcher's
 TOKENIZER = "tokenizer"
 OLD_RUN_PREFIX = "old-"
 CHECKPOINTS = "checkpoints"
-# What `--resume restart` moves aside; a run has a history once it has checkpoints or metrics.
-RUN_HISTORY = (CHECKPOINTS, METRICS, WANDB_ID, CONFIG)
+# What `--resume restart` moves aside (the tokenizer too: old-<time>/ stays a RUN_DIR that export, fill-mask and
+# evaluate read); a run has a history once it has checkpoints or metrics.
+RUN_HISTORY = (CHECKPOINTS, METRICS, WANDB_ID, CONFIG, TOKENIZER)
 # A checkpoint.
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-step-"

@@ -162,6 +162,10 @@ def test_all_checkpoints_invalid_stops_and_restart_moves_them_aside(run_cli, tmp
     assert f"moved the previous checkpoints and metrics to {aside}" in text
     assert (aside / "checkpoints" / "step-00000003" / "model.safetensors").is_file()  # kept, not deleted
     assert (aside / "metrics.jsonl").read_text() == metrics
+    # Its tokenizer too (it was overwritten by the new run's): the old run stays usable as a RUN_DIR.
+    tokenizer = "tokenizer/tokenizer.json"
+    assert (aside / tokenizer).read_bytes() == (tiny_data / tokenizer).read_bytes()
+    assert (run_dir / tokenizer).is_file()
     assert sorted(train_losses(run_dir)) == [1, 2, 3, 4, 5, 6]  # a new run from step 0
     assert [p.name for p in rundir.iter_checkpoints(run_dir)] == ["step-00000006", "step-00000003"]
 
