@@ -69,3 +69,14 @@ def test_the_audit_runs_on_a_corpus_smaller_than_one_micro_batch(tmp_path, run_c
     assert code == 0, err
     assert "1 batch(es) of 17; the whole epoch" in " ".join(out.split())
     assert "NSP shortcut audit" in out and "scored on" in out
+
+
+def test_an_unlabelled_instance_is_not_called_a_one_sentence_document_only():
+    from bertrain.data.inspect_pairs import _label_name
+    from bertrain.data.masking import IGNORE_INDEX
+
+    # Most unlabelled instances are pieces of a sentence longer than an instance (audit 4: on the demo's data 67% of
+    # instances, while 1 of 75 documents had one sentence), which the label called one-sentence documents.
+    for objective in ("nsp", "sop"):
+        label = _label_name(objective, IGNORE_INDEX)
+        assert "piece of a sentence longer than an instance" in label and "one-sentence document" in label

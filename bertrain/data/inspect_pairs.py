@@ -40,7 +40,7 @@ def _split_config(config: str | Path | Config | None) -> tuple[DataConfig, int, 
 
 def _label_name(objective: str, label: int) -> str:
     if label == IGNORE_INDEX:
-        return "no sentence label: a one-sentence document, for MLM only"
+        return "no sentence label, MLM only: a piece of a sentence longer than an instance, or a one-sentence document"
     if objective == "nsp":
         return "positive: B follows A" if label == 0 else "negative: B from another document"
     return "positive: A before B" if label == 0 else "negative: A and B swapped"
