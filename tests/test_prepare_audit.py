@@ -279,6 +279,20 @@ def test_a_log_says_when_tokenizer_training_starts_and_ends(tmp_path):
     assert lines[start + 1].startswith("Tokenizer trained in ")
 
 
+def test_a_source_read_in_two_layouts_says_so_without_contradiction(tmp_path):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "prose.txt").write_text("".join(f"First {i} here. Then a second one {i}.\n\n" for i in range(20)))
+    (mixed / "lines.txt").write_text(SENTENCES)
+    _, out = prepare(tmp_path, "d", SourceConfig(path=str(mixed)))
+    line = next(line for line in out.splitlines() if line.startswith("text_layout auto read"))
+    # It said "(their lines are not one sentence each…)" after both counts, of the sentence_per_line file too.
+    assert "1 file(s) as paragraphs and 1 file(s) as sentence_per_line (paragraphs: each file is one document" in line
+    assert "not one sentence each" not in line
+    assert line.endswith("--set prepare.sources.0.text_layout=paragraphs or "
+                         "--set prepare.sources.0.text_layout=sentence_per_line."), line
+
+
 def test_a_job_array_task_says_how_many_shards_of_each_split_are_left(tmp_path):
     corpus = tmp_path / "pydoc"
     write_pydoc_corpus(corpus)

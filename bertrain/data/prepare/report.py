@@ -81,11 +81,15 @@ def layout_lines(text_layouts: list[dict[str, Any]]) -> list[str]:
         chosen = [f"{entry[layout]:,} file(s) as {layout}" for layout in ("paragraphs", "sentence_per_line")
                   if entry.get(layout)]
         line = f"text_layout auto read {where}: {' and '.join(chosen)}"
-        if entry.get("paragraphs"):
+        option = f"--set prepare.sources.{entry['source']}.text_layout"
+        if entry.get("paragraphs") and entry.get("sentence_per_line"):  # files of one corpus read two ways
+            line += (" (paragraphs: each file is one document; sentence_per_line: one sentence a line, blank lines "
+                     f"between documents); when its files share one layout, say which: {option}=paragraphs or "
+                     f"{option}=sentence_per_line")
+        elif entry.get("paragraphs"):
             line += (" (their lines are not one sentence each, so each file is one document and its blank lines "
-                     "separate paragraphs); if blank lines separate documents there, pass --set "
-                     f"prepare.sources.{entry['source']}.text_layout=sentence_per_line (each line then is one "
-                     f"sentence)")
+                     f"separate paragraphs); if blank lines separate documents there, pass {option}=sentence_per_line "
+                     "(each line then is one sentence)")
         lines.append(line + ".")
     return lines
 
