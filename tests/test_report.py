@@ -229,3 +229,16 @@ def test_the_pair_audit_of_the_run_s_data_is_on_the_page(resumed_run, tiny_data,
     assert audit["found"] and audit["objective"] == "NSP"
     assert audit["max_seq_length"] == config["data"]["max_seq_length"] and audit["held_out"] > 0
     assert [probe[0] for probe in audit["probes"]][-1] == "all seven features above, jointly"
+
+
+def test_evaluation_tables_at_any_depth_under_the_run_dir_are_shown(tmp_path):
+    from bertrain.train.report import read_run
+
+    run_dir = tmp_path / "run"
+    for folder in ("", "eval", "eval/glue/deep", "checkpoints/step-00000001"):
+        (run_dir / folder).mkdir(parents=True, exist_ok=True)
+        (run_dir / folder / "results.md").write_text(f"| table of {folder or 'the run'} |\n")
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 9.0, "time": 1.0}\n')
+    shown = [path for path, _ in read_run(run_dir, "run")["evaluation"]]
+    # It looked one folder down only: `evaluate --out RUN_DIR/eval/glue/deep` was missing from the page.
+    assert shown == ["results.md", "eval/results.md", "eval/glue/deep/results.md"]  # not a checkpoint's copy

@@ -126,7 +126,8 @@ def read_run(run_dir: Path, name: str) -> dict:
             "config_diff": _config_diff(config) if config else None,
             "evaluation": [  # the tables `bertrain evaluate --out` wrote under this RUN_DIR
                 [str(p.relative_to(run_dir)), p.read_text(encoding="utf-8", errors="replace")]
-                for p in sorted(run_dir.glob(rundir.EVALUATION)) + sorted(run_dir.glob(f"*/{rundir.EVALUATION}"))],
+                for p in sorted(run_dir.rglob(rundir.EVALUATION), key=lambda p: (len(p.parts), p))  # any depth
+                if rundir.CHECKPOINTS not in p.relative_to(run_dir).parts],
             "train": _series(train, TRAIN_KEYS, tokens_at, ("mlm_loss", "sentence_loss")),
             "eval": _series(evals, EVAL_KEYS, tokens_at)}
 
