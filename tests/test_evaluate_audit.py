@@ -145,3 +145,29 @@ def test_an_empty_training_file_is_named_as_empty(tmp_path):
     (task.parent / "train.jsonl").write_text("")
     with pytest.raises(DataError, match=r"train.jsonl is empty: a training file needs examples"):
         resolve_tasks(str(task), None)
+
+
+def test_a_seed_that_predicts_one_class_for_every_example_is_warned_about(tmp_path, monkeypatch):
+    # Audit 6: such seeds scored F1 / MCC / correlation 0 silently and widened the spread.
+    from bertrain.train import finetune
+
+    model = tiny_model_dir(tmp_path)
+    task = write_task(tmp_path / "task")
+    real, warnings, results = finetune.predict, {}, {}
+    for case in ("both classes", "one class"):
+        def predict(*args, **kwargs):
+            outputs = real(*args, **kwargs)
+            outputs[:] = [1.0, 0.0]
+            if case == "both classes":
+                outputs[1::2] = [0.0, 1.0]
+            return outputs
+
+        monkeypatch.setattr(finetune, "predict", predict)
+        warnings[case] = []
+        results[case] = downstream.evaluate(model, resolve_tasks(str(task), None), tmp_path / case, quiet_console(),
+                                            FAST, seeds=1, warn=warnings[case].append)
+    assert not [w for w in warnings["both classes"] if "collapsed" in w] and results["both classes"]["runs"][0][
+        "constant"] == []
+    said = [w for w in warnings["one class"] if "collapsed" in w]
+    assert len(said) == 1 and "river seed 1 gave every validation example one prediction (dev)" in said[0]
+    assert results["one class"]["runs"][0]["constant"] == ["dev"]

@@ -120,6 +120,11 @@ def _evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Conso
                 console.print(f"{key} {task.name} seed {seed}: "
                               + ", ".join(f"{name} {100 * value:.1f}" for name, value in run["scores"].items())
                               + f" ({run['train_examples_per_second']:.0f} examples/s)", highlight=False)
+                if run["constant"]:
+                    warn(f"{key} {task.name} seed {seed} gave every validation example one prediction "
+                         f"({', '.join(run['constant'])}): a collapsed run, whose F1, MCC or correlation is "
+                         f"undefined and counted as 0, widening the spread. A lower finetune.lr, more epochs or "
+                         f"more training examples usually help.")
     if world > 1:
         results = _wait_for_all(out_dir, plan, [key for key, _ in models], console if rank == 0 else None)
     if rank == 0:
@@ -187,7 +192,8 @@ def _run_one(pretrained, data: TaskData, recipe, seed: int, device, console: Con
                            threads=threads, say=say_threads)
     return {"scores": outcome.scores, "score": outcome.score, "steps": outcome.steps,
             "train_seconds": round(outcome.train_seconds, 3), "eval_seconds": round(outcome.eval_seconds, 3),
-            "train_examples_per_second": outcome.train_examples / max(outcome.train_seconds, 1e-9)}
+            "train_examples_per_second": outcome.train_examples / max(outcome.train_seconds, 1e-9),
+            "constant": outcome.constant}
 
 
 def _wait_for_all(out_dir: Path, plan: list[dict], models: list[str], console: Console | None) -> dict:

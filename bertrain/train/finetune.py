@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -49,6 +49,7 @@ class RunOutcome:
     train_examples: int         # examples seen in training (steps x batch, the last batch of an epoch smaller)
     train_seconds: float
     eval_seconds: float
+    constant: list[str] = field(default_factory=list)  # validation splits given one prediction for every example
 
 
 def stopped_message(by: str) -> str:
@@ -138,9 +139,9 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
                 on_step(done, steps)
         epoch += 1
     trained = time.perf_counter()
-    scores = evaluate_splits(model, data, recipe, device, dtype, pack_when, multiple_of)
+    scores, constant = evaluate_splits(model, data, recipe, device, dtype, pack_when, multiple_of)
     return RunOutcome(scores, float(np.mean(list(scores.values()))), steps, seen, trained - start - probing,
-                      time.perf_counter() - trained)
+                      time.perf_counter() - trained, constant)
 
 
 def _loss(model: SequenceClassifier, batch: TaskBatch, device: torch.device, dtype: torch.dtype | None):
@@ -172,13 +173,18 @@ def predict(model: SequenceClassifier, split: EncodedSplit, batch_size: int, pad
 
 
 def evaluate_splits(model: SequenceClassifier, data: TaskData, recipe: FinetuneConfig, device: torch.device,
-                    dtype: torch.dtype | None = None, pack_when=None, multiple_of: int = 1) -> dict[str, float]:
-    """Every metric on every validation split: {metric} with one split, {metric}_{split} with several."""
-    scores = {}
+                    dtype: torch.dtype | None = None, pack_when=None,
+                    multiple_of: int = 1) -> tuple[dict[str, float], list[str]]:
+    """Every metric on every validation split ({metric} with one split, {metric}_{split} with several), and the
+    splits where the model gave every example one prediction (a collapsed run: F1, MCC or correlation undefined)."""
+    scores, constant = {}, []
     for name, split in data.validation.items():
         outputs = predict(model, split, recipe.eval_batch_size, data.pad_token_id, device, dtype, pack_when,
                           multiple_of)
+        predictions = outputs.reshape(-1) if outputs.shape[-1] == 1 else outputs.argmax(-1)
+        if len(predictions) > 1 and np.all(predictions == predictions[0]):
+            constant.append(name)
         for metric in data.metrics:
             key = metric if len(data.validation) == 1 else f"{metric}_{name}"
             scores[key] = score(metric, outputs, split.labels)
-    return scores
+    return scores, constant
