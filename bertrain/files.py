@@ -13,7 +13,9 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 def fsync_path(path: Path) -> None:
@@ -27,7 +29,8 @@ def fsync_path(path: Path) -> None:
 
 def write_atomic(path: Path, write: Callable[[Path], object], *, fsync: bool = False) -> None:
     """Write `path` through a renamed sibling temporary file (never half a file); `fsync` survives power loss.
-    On failure the temporary file is removed, and an OSError about it names `path` instead."""
+    On failure the temporary file is removed, and a failed write (an OSError about the temporary file or about no
+    file, or a Rust library's "os error N") is raised as an OSError naming `path`."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
@@ -37,9 +40,103 @@ def write_atomic(path: Path, write: Callable[[Path], object], *, fsync: bool = F
     except BaseException as error:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno and str(error.filename) == str(tmp):
-            # The user never asked for the temporary file; OSError() picks the subclass of the errno.
-            raise OSError(error.errno, error.strerror, str(path)) from error
+        said = as_os_error(error, path, tmp) if isinstance(error, Exception) else None
+        if said is not None:
+            raise said from error
+        raise
+
+
+def as_os_error(error: Exception, path: Path, tmp: Path | None = None) -> OSError | None:
+    """`error`, raised while writing `path` (through `tmp`), as an OSError that names `path`; None when it is no
+    failed write or names another file (a source being read). write() and close() name no file, and safetensors
+    and tokenizers (Rust) say the errno only in words, "... No space left on device (os error 28)"."""
+    if isinstance(error, OSError):
+        if not error.errno or (error.filename is not None and str(error.filename) != str(tmp)):
+            return None
+        code, strerror = error.errno, error.strerror
+    else:
+        found = re.search(r"os error (\d+)", str(error))
+        if not found:
+            return None
+        code, strerror = int(found.group(1)), None
+    # OSError() picks the subclass of the errno (FileNotFoundError, PermissionError...).
+    return OSError(code, strerror or os.strerror(code), str(path))
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Raise a failed write in the block as an OSError naming `path` (see as_os_error)."""
+    try:
+        yield
+    except Exception as error:
+        said = as_os_error(error, path)
+        if said is None:
+            raise
+        raise said from error
+
+
+def write_dir_atomic(out: Path, write: Callable[[Path], T]) -> T:
+    """Fill directory `out` by `write(tmp)` into a temporary directory that only a complete write puts in place,
+    so a failure (a full disk) leaves `out` as it was, without temporary files: a new `out` is the temporary
+    directory renamed. Into an existing `out` (an earlier export, or a directory holding other files, which stay)
+    the files are moved one by one from a temporary directory inside it: beside it could be another filesystem
+    (`out` a mount point or a symlink) or a directory this user cannot write. An OSError about a temporary file
+    names its place in `out`; the temporary directory of a killed earlier write is replaced."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    existing = out.is_dir()
+    tmp = (out if existing else out.parent) / f".{out.name or 'out'}.tmp"
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        result = write(tmp)
+        if existing:
+            for item in sorted(tmp.iterdir()):
+                os.replace(item, out / item.name)
+            tmp.rmdir()
+        else:
+            os.rename(tmp, out)
+        return result
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        said = _in_place(error, tmp, out) if isinstance(error, Exception) else None
+        if said is not None:
+            raise said from error
+        raise
+
+
+def _in_place(error: Exception, tmp: Path, out: Path) -> OSError | None:
+    """An OSError about a file in `tmp` as one about its place in `out`; one that names no file, as about `out`.
+    shutil.copyfile's ENOSPC names the source first and the file it was writing second."""
+    if not isinstance(error, OSError) or not error.errno:
+        return None
+    if error.filename is None:
+        return OSError(error.errno, error.strerror, str(out))
+    for name in (error.filename, error.filename2):
+        if name is not None and (Path(name) == tmp or tmp in Path(name).parents):
+            return OSError(error.errno, error.strerror, str(out / Path(name).relative_to(tmp)))
+    return None
+
+
+@contextlib.contextmanager
+def undone_on_failure(directory: Path, names: tuple[str, ...]) -> Iterator[None]:
+    """Create `directory` (and its parents) for the block; if it fails, remove those of the files `names` that it
+    added, and `directory` if made here and left empty: a failed write leaves no half set of files."""
+    made = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    new = [directory / name for name in names if not (directory / name).exists()]
+    try:
+        yield
+    except BaseException:
+        for path in new:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
         raise
 
 

@@ -1,13 +1,24 @@
 """A failed write: write_atomic leaves no temporary file and names the file asked for; any command's OSError is
-said as 'PATH: what the errno means (ECODE). What to do.' (exit 1), pretrain's RUN_DIR wording unchanged."""
+said as 'PATH: what the errno means (ECODE). What to do.' (exit 1), pretrain's RUN_DIR wording unchanged; a full
+disk during export, config reference, report or tokenizer train names the path given and leaves no half output."""
 
 from __future__ import annotations
 
 import errno
 import os
+import pathlib
+import shutil
 
 import pytest
+from safetensors import SafetensorError
+
+from bertrain.config import Config, DataConfig, ModelConfig, dump_yaml
+from bertrain.data import tokenizer as tokenizer_module
+from bertrain.data.tokenizer import save_tokenizer
 from bertrain.files import describe_os_error, describe_write_failure, write_atomic
+from bertrain.model import build_model, hf, save_weights
+from bertrain.train.checkpoint import begin_save, finish_save
+from tests.helpers import train_tokenizer
 
 
 def test_a_failed_write_leaves_no_temporary_file_and_the_old_content(tmp_path):
@@ -125,3 +136,172 @@ def test_a_read_only_filesystem_names_the_file_asked_for_and_leaves_no_temporary
                 f"{out}: Read-only file system (EROFS). The filesystem is read-only: remount it writable, or "
                 f"choose another output path.")
     assert list(out.parent.iterdir()) == []
+
+
+# -- a full disk in export, config reference, report and tokenizer train: the path given, nothing left behind ------
+
+
+def no_space() -> OSError:
+    """What write() raises on a full disk: the errno, and no file name."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def no_space_said(path) -> str:
+    return f"{path}: No space left on device (ENOSPC). Free space on that filesystem, or choose another output path."
+
+
+def contents(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A RUN_DIR with one complete checkpoint of a tiny BERT, and its tokenizer."""
+    run = tmp_path_factory.mktemp("export") / "run"
+    tokenizer = train_tokenizer("wordpiece", vocab_size=300)
+    save_tokenizer(tokenizer, run / "tokenizer", "wordpiece")
+    model = build_model(ModelConfig(type="bert", vocab_size=tokenizer.get_vocab_size(), hidden_size=32,
+                                    num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                                    max_position_embeddings=64))
+    directory = begin_save(run, 3)
+    save_weights(model, directory / "model.safetensors")
+    (directory / "config.yaml").write_text(dump_yaml(Config(data=DataConfig(max_seq_length=64), model=model.config)))
+    finish_save(directory)
+    return run
+
+
+def fill_disk_at(monkeypatch, name: str) -> None:
+    """The export's write of file `name` fails as on a full disk, after writing part of it."""
+    if name == "model.safetensors":
+        def save_file(tensors, filename, metadata=None):
+            with open(filename, "wb") as handle:
+                handle.write(b"half a file")
+            # What safetensors raises: the errno only in words, and no path.
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+        monkeypatch.setattr(hf, "save_file", save_file)
+        return
+    copyfile = shutil.copyfile
+
+    def copy_until_full(source, target, **kwargs):
+        if os.path.basename(target) != name:
+            return copyfile(source, target, **kwargs)
+        with open(target, "wb") as handle:
+            handle.write(b"half")
+        error = no_space()
+        error.filename, error.filename2 = os.fspath(source), os.fspath(target)  # as shutil's sendfile copy names them
+        raise error
+
+    monkeypatch.setattr(shutil, "copyfile", copy_until_full)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+def test_a_full_disk_during_export_names_the_file_and_leaves_no_directory(run_cli, run_dir, tmp_path, monkeypatch,
+                                                                            name):
+    out = tmp_path / "exports" / "hf"
+    fill_disk_at(monkeypatch, name)
+    assert_said(*run_cli("export", str(run_dir), str(out)), no_space_said(out / name))
+    # No half export (config.json alone, which transformers fails to load), and no temporary directory.
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_a_failed_export_over_an_earlier_one_leaves_it_as_it_was(run_cli, run_dir, tmp_path, monkeypatch):
+    out = tmp_path / "hf"
+    code, _, err = run_cli("export", str(run_dir), str(out))
+    assert code == 0, err
+    (out / "README.md").write_text("the user's own file")
+    before = contents(out)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "README.md"} <= set(before)
+    with monkeypatch.context() as patched:
+        fill_disk_at(patched, "model.safetensors")
+        assert_said(*run_cli("export", str(run_dir), str(out)), no_space_said(out / "model.safetensors"))
+    assert contents(out) == before and [p.name for p in tmp_path.iterdir()] == ["hf"]
+    (out / "model.safetensors").write_bytes(b"an older export")
+    code, _, err = run_cli("export", str(run_dir), str(out))  # as before: the files replaced, others kept
+    assert code == 0, err
+    assert contents(out) == before
+
+
+def test_export_into_a_file_names_it_and_writes_nothing(run_cli, run_dir, tmp_path):
+    (tmp_path / "hf").write_text("a file")
+    assert_said(*run_cli("export", str(run_dir), str(tmp_path / "hf")), f"{tmp_path / 'hf'}: File exists (EEXIST)")
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"] and (tmp_path / "hf").read_text() == "a file"
+
+
+def write_text_until_full(monkeypatch) -> None:
+    """Path.write_text on a full disk: part of the text written, then write()'s OSError, which names no file."""
+    def write_text(self, data, *args, **kwargs):
+        with open(self, "w") as handle:
+            handle.write(data[:10])
+        raise no_space()
+
+    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+
+
+def test_a_full_disk_during_config_reference_names_the_file_and_keeps_the_old_one(run_cli, tmp_path, monkeypatch):
+    out = tmp_path / "reference.md"
+    write_text_until_full(monkeypatch)
+    assert_said(*run_cli("config", "reference", "--out", str(out)), no_space_said(out))
+    assert list(tmp_path.iterdir()) == []  # no empty or half file
+    out.write_bytes(b"the reference of an earlier version")
+    assert_said(*run_cli("config", "reference", "--out", str(out)), no_space_said(out))
+    assert contents(tmp_path) == {"reference.md": b"the reference of an earlier version"}
+
+
+def test_a_full_disk_during_report_names_the_page(run_cli, tmp_path, monkeypatch):
+    run, out = a_run_dir(tmp_path / "run"), tmp_path / "r.html"
+    write_text_until_full(monkeypatch)
+    assert_said(*run_cli("report", str(run), "--out", str(out)), no_space_said(out))
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_a_full_disk_while_saving_a_trained_tokenizer_names_the_file_and_leaves_none(run_cli, tmp_path, monkeypatch,
+                                                                                    pydoc_text):
+    real_write_atomic = tokenizer_module.write_atomic
+
+    def write_atomic(path, write, **kwargs):
+        if path.name != "tokenizer.json":
+            return real_write_atomic(path, write, **kwargs)
+
+        def save_until_full(tmp):
+            tmp.write_text("{half")
+            # What tokenizers' save raises: a plain Exception that says the errno only in words.
+            raise Exception("No space left on device (os error 28)")
+
+        return real_write_atomic(path, save_until_full, **kwargs)
+
+    monkeypatch.setattr(tokenizer_module, "write_atomic", write_atomic)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "text.txt").write_text(pydoc_text[:100_000])
+    out = tmp_path / "tok"
+    assert_said(*run_cli("tokenizer", "train", "--source", str(tmp_path / "corpus"), "--kind", "wordpiece",
+                         "--vocab-size", "300", "--out", str(out)), no_space_said(out / "tokenizer.json"))
+    # The wrapper files written before tokenizer.json are removed again: no tokenizer without its tokenizer.json.
+    # (OUT itself is made by the training, before the text is spooled into it: it stays, empty.)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_save_tokenizer_removes_only_what_it_added_and_the_directory_it_made(tmp_path, monkeypatch):
+    tokenizer = train_tokenizer("wordpiece", vocab_size=300)
+    write_text_until_full(monkeypatch)
+    with pytest.raises(OSError) as caught:
+        save_tokenizer(tokenizer, tmp_path / "new" / "tok", "wordpiece")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "new" / "tok" /
+                                                                              "special_tokens_map.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["new"] and list((tmp_path / "new").iterdir()) == []
+    monkeypatch.undo()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "special_tokens_map.json").write_text("kept")
+    (existing / "notes.txt").write_text("kept")
+
+    def write_atomic_fails_on_the_tokenizer(path, write, **kwargs):
+        if path.name == "tokenizer.json":
+            raise no_space()
+        return write_atomic(path, write, **kwargs)
+
+    monkeypatch.setattr("bertrain.data.tokenizer.write_atomic", write_atomic_fails_on_the_tokenizer)
+    with pytest.raises(OSError):
+        save_tokenizer(tokenizer, existing, "wordpiece")
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt", "special_tokens_map.json"]
+    assert (existing / "notes.txt").read_text() == "kept"

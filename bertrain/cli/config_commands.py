@@ -73,10 +73,11 @@ def reference(out: Optional[Path] = typer.Option(None, "--out", help="Write to t
     Example: bertrain config reference --out docs/config.md
     """
     from bertrain.config import config_reference_markdown
+    from bertrain.files import write_atomic
 
     text = config_reference_markdown()
     if out:
-        out.write_text(text)
+        write_atomic(out, lambda tmp: tmp.write_text(text))  # a full disk leaves no empty or half FILE
         console.print(f"Wrote {out}")
     else:
         typer.echo(text)

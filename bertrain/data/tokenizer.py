@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertrain.config import TokenizerConfig
-from bertrain.files import file_sha256, write_atomic
+from bertrain.files import file_sha256, undone_on_failure, write_atomic
 from bertrain.errors import ConfigError, DataError
 from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
 from bertrain.tokenizer_file import normalizer_settings
@@ -324,7 +324,6 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
 def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, model_max_length: int = 512) -> Path:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json (atomically, json last)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     specials = special_token_strings(tokenizer, kind)
     tokens_map = {f"{name}_token": token for name, token in specials.items()}
     added = {}
@@ -344,9 +343,13 @@ def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, model_max_len
         "added_tokens_decoder": added,
         **tokens_map,
     }
-    (out / "special_tokens_map.json").write_text(json.dumps(tokens_map, indent=2, ensure_ascii=False))
-    (out / "tokenizer_config.json").write_text(json.dumps(wrapper, indent=2, ensure_ascii=False))
-    write_atomic(out / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))  # last: its presence means complete
+    # A full disk leaves no half file and no half set: what this call added is removed again.
+    with undone_on_failure(out, ("special_tokens_map.json", "tokenizer_config.json", "tokenizer.json")):
+        write_atomic(out / "special_tokens_map.json",
+                     lambda tmp: tmp.write_text(json.dumps(tokens_map, indent=2, ensure_ascii=False)))
+        write_atomic(out / "tokenizer_config.json",
+                     lambda tmp: tmp.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False)))
+        write_atomic(out / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))  # last: its presence means complete
     return out
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from bertrain import rundir
 from bertrain.config import ConfigWarning, ModelConfig
 from bertrain.errors import ConfigError, DataError
-from bertrain.files import honour_umask
+from bertrain.files import honour_umask, naming, write_dir_atomic
 from bertrain.model import PreTrainingModel, build_model, load_weights, unwrap
 from bertrain.model.bert import embedding_size
 from bertrain.model.from_checkpoint import (WORDS, architecture_error, architecture_of, check_checkpoint_tokenizer,
@@ -283,13 +283,22 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
         model, _, checkpoint = model_from_checkpoint(checkpoint_or_model, skipped)
     tokenizer = rundir.find_tokenizer_dir(checkpoint, tokenizer_dir)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = hf_config(model.config, pad_token_id=_pad_token_id(tokenizer))
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
-    save_file(to_hf_state_dict(model), str(out / HF_WEIGHTS), metadata={"format": "pt"})
-    honour_umask(out / HF_WEIGHTS)
-    copied = write_tokenizer_files(tokenizer, out, model.config.max_position_embeddings)
+
+    def write(directory: Path) -> list[str]:
+        # Each file named in a failed write: safetensors' error and a full disk's write() name none.
+        with naming(directory / "config.json"):
+            (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        with naming(directory / HF_WEIGHTS):
+            # One metadata key: safetensors writes metadata in hash-map order, and the bytes must be reproducible.
+            save_file(to_hf_state_dict(model), str(directory / HF_WEIGHTS), metadata={"format": "pt"})
+        honour_umask(directory / HF_WEIGHTS)
+        with naming(directory):
+            return write_tokenizer_files(tokenizer, directory, model.config.max_position_embeddings)
+
+    # Never half an export (config.json without weights, which transformers fails to load), nor a failed export
+    # over an earlier one: written aside, put in place when complete.
+    copied = write_dir_atomic(out, write)
     return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
             "architecture": config["architectures"][0], "parameters": model.num_parameters(), "model": model,
             "skipped": skipped}
