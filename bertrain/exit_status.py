@@ -1,5 +1,7 @@
 """Each worker's exit code, written as rank-{RANK}.json into BERTRAIN_EXIT_STATUS_DIR for `bertrain launch`:
-launchers turn every worker failure into exit 1, hiding the 2 and 75 that a job script acts on."""
+launchers turn every worker failure into exit 1, hiding the 2 and 75 that a job script acts on. Each worker also
+writes started-{PID}.json as it starts: when the launcher dies (kill -9), `bertrain launch` knows which processes
+are its own to wait for while they save."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from bertrain.errors import EXIT_CTRL_C, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE
 from bertrain.files import write_atomic
@@ -22,6 +25,66 @@ class WorkerExit:
     rank: int
     code: int
     local_world_size: int = 1
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """A worker as it started: its pid, and its start time (clock ticks since boot, from /proc; None without), which
+    tells it from a later process that got the same pid."""
+
+    pid: int
+    started: Optional[int] = None
+
+
+def _proc_stat(pid: int) -> Optional[list[str]]:
+    """The fields of /proc/PID/stat after the command name (0: the state, 19: the start time); None without it."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+
+
+def record_start() -> None:
+    """Write this worker's pid to $BERTRAIN_EXIT_STATUS_DIR/started-{PID}.json; a no-op when unset."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    if not directory:
+        return
+    fields = _proc_stat(os.getpid())
+    record = {"pid": os.getpid(), "started": int(fields[19]) if fields else None}
+    path = Path(directory) / f"started-{os.getpid()}.json"  # by pid: a process this worker starts has its own
+    try:  # without it, `bertrain launch` only misses this worker if the launcher dies
+        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(record)))
+    except OSError as error:
+        print(f"bertrain: could not record the start in {path}: {error}", file=sys.stderr)
+
+
+def read_starts(directory: Path) -> list[WorkerStart]:
+    """Every worker that recorded its start in `directory`; unreadable files are skipped."""
+    found = []
+    for path in sorted(Path(directory).glob("started-*.json")):
+        try:
+            record = json.loads(path.read_text())
+            started = record.get("started")
+            found.append(WorkerStart(int(record["pid"]), None if started is None else int(started)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
+
+
+def is_running(worker: WorkerStart) -> bool:
+    """Whether `worker` still runs: its pid is there, not a zombie (an orphan's new parent may never reap it), and
+    started when the worker recorded (not a later process with the same pid)."""
+    fields = _proc_stat(worker.pid)
+    if fields is not None:
+        return fields[0] != "Z" and (worker.started is None or int(fields[19]) == worker.started)
+    if Path("/proc/self/stat").exists():  # /proc, without this pid
+        return False
+    try:
+        os.kill(worker.pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's process now (the pid was reused)
+        return False
+    return True
 
 
 def record_exit(code: int) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from bertrain.cli.launch_commands import torchrun_command
-from bertrain.exit_status import STATUS_DIR_ENV, WorkerExit, combine_exit_codes, read_exits, record_exit
+from bertrain.exit_status import (STATUS_DIR_ENV, WorkerExit, WorkerStart, combine_exit_codes, is_running,
+                                  read_exits, read_starts, record_exit, record_start)
 from bertrain.train.parent_watch import watch_parent
 from tests.helpers import ROOT, default_ctrl_c, explain, pretrain_env, write_config
 
@@ -220,6 +221,97 @@ def test_kill_9_of_launch_stops_the_launcher(tmp_path):
             pass
 
 
+def test_record_start_names_the_process_until_it_ends_or_its_pid_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv(STATUS_DIR_ENV, str(tmp_path))
+    record_start()
+    (me,) = read_starts(tmp_path)
+    assert me.pid == os.getpid() and is_running(me)
+    if me.started is not None:  # with /proc: a process of that pid that started at another time is another one
+        assert not is_running(WorkerStart(me.pid, me.started + 1))
+    ended = subprocess.Popen([sys.executable, "-c", "from bertrain.exit_status import record_start; record_start()"],
+                             env={**pretrain_env(), STATUS_DIR_ENV: str(tmp_path)}, cwd=ROOT)
+    ended.wait(timeout=WAIT)
+    (other,) = [worker for worker in read_starts(tmp_path) if worker.pid == ended.pid]
+    assert not is_running(other)
+
+
+# Plays a torchrun killed with -9: starts a "worker" (argv[1]: its code), waits until it runs, then dies by SIGKILL.
+ORPHANING_LAUNCHER = """
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]])
+ready = sys.argv[2]
+while not os.path.exists(ready) and worker.poll() is None:
+    time.sleep(0.05)
+if sys.argv[3] == "dies":
+    worker.wait()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+# The worker of a killed launcher: saves when told (the file argv[2] + ".go" appears; here the test tells it,
+# in a real run its parent-death signal does), records 75 and exits.
+SAVING_WORKER = """
+import os, sys, time
+from pathlib import Path
+from bertrain.cli.launch_commands import print_to_launch_output
+from bertrain.exit_status import record_exit
+print_to_launch_output()
+Path(sys.argv[1]).write_text(str(os.getpid()))
+while not Path(sys.argv[1] + ".go").exists():
+    time.sleep(0.05)
+record_exit(75)
+"""
+# A worker that records its start, then hangs (ignoring SIGTERM) or dies by SIGKILL without recording an exit.
+STUCK_WORKER = """
+import os, signal, sys, time
+from pathlib import Path
+from bertrain.cli.launch_commands import print_to_launch_output
+print_to_launch_output()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+Path(sys.argv[1]).write_text(str(os.getpid()))
+if sys.argv[2] == "dies":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(600)
+"""
+
+
+def test_launch_waits_for_the_workers_of_a_killed_launcher_and_exits_with_their_code(tmp_path):
+    ready = tmp_path / "ready"
+    process = launch(sys.executable, "-c", ORPHANING_LAUNCHER, SAVING_WORKER, str(ready), "lives")
+    try:
+        lines = []
+        while not any("waiting up to" in line for line in lines):  # said once the launcher is gone
+            lines.append(process.stderr.readline())
+            assert lines[-1], f"launch ended without waiting: {lines}"
+        worker = int(ready.read_text())
+        assert f"(exit 137) while 1 of its processes still run (pid {worker})" in " ".join(" ".join(lines).split())
+        assert process.poll() is None  # it waits while the worker saves …
+        Path(f"{ready}.go").write_text("")
+        result = finish(process)
+    finally:
+        process.kill()
+    assert result.returncode == 75, explain(result)  # … and takes its code, not the launcher's 137
+    assert "bertrain launch: exit 75: rank(s) 0 stopped by a signal" in " ".join(result.stderr.split())
+    assert "could not record" not in result.stderr
+
+
+@pytest.mark.parametrize("fate", ["dies", "hangs"])
+def test_workers_that_never_record_do_not_hold_launch_forever(tmp_path, fate):
+    ready = tmp_path / "ready"
+    # A worker killed with -9 is not waited for; one that hangs gets TORCH_ELASTIC_SHUTDOWN_TIMEOUT, then SIGKILL.
+    process = launch(sys.executable, "-c", ORPHANING_LAUNCHER, STUCK_WORKER, str(ready), fate,
+                     env=pretrain_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="1"))
+    try:
+        result = finish(process)
+    finally:
+        process.kill()
+    worker = int(ready.read_text())
+    assert result.returncode == 137, explain(result)
+    assert "no worker recorded an exit status; the launcher's exit code 137 stands" in " ".join(result.stderr.split())
+    assert ("waiting up to 1 s" in result.stderr) == (fate == "hangs"), explain(result)
+    if fate == "hangs":
+        assert f"still ran after 1 s (pid {worker}): killed" in " ".join(result.stderr.split())
+    assert not is_running(WorkerStart(worker))  # gone, or a zombie where the new parent (pid 1) never reaps
+
+
 # ---------------------------------------------------------------------------------------------
 # Parent death (bertrain.train.parent_watch)
 # ---------------------------------------------------------------------------------------------
@@ -333,4 +425,43 @@ def test_ctrl_c_under_launch_stops_every_rank_after_one_step_with_one_checkpoint
     assert (run_dir / "checkpoints" / "step-00000002" / "rng-rank00001.json").is_file()
     result = finish(launch(*args))
     assert result.returncode == 0, explain(result)
+    assert (run_dir / "checkpoints" / "step-00000004" / "rng-rank00001.json").is_file()
+
+
+def parent_of(pid: int) -> int:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rindex(")") + 2:].split()[1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds torchrun through /proc")
+def test_kill_9_of_torchrun_under_launch_waits_for_the_checkpoint_exits_75_and_a_relaunch_resumes(
+        tiny_data, tiny_config, tmp_path):
+    run_dir, marker, tmp = tmp_path / "run", tmp_path / "paused", tmp_path / "tmp"
+    tmp.mkdir()  # launch's exit-status directory goes here, where the test finds the workers' pids
+    args = ("--nproc", "2", "pretrain", "--config", str(tiny_config), "--data", str(tiny_data), "--run-dir",
+            str(run_dir))
+    # Rank 0 pauses before step 2 until its parent-death SIGTERM; rank 1 waits for it in step 2's collectives.
+    process = launch(*args, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"2:{marker}", TMPDIR=str(tmp)))
+    try:
+        rank_zero = int(wait_for(marker))
+        (status_dir,) = tmp.glob("bertrain-exit-*")
+        workers = read_starts(status_dir)
+        assert rank_zero in [worker.pid for worker in workers] and len(workers) == 2, workers
+        os.kill(parent_of(rank_zero), signal.SIGKILL)  # torchrun
+        result = finish(process)
+    finally:
+        process.kill()
+    text = " ".join(result.stderr.split())
+    assert result.returncode == 75, explain(result)  # not the launcher's 137: the job script requeues
+    assert "(exit 137) while 2 of its processes still run" in text, explain(result)
+    assert "bertrain launch: exit 75: rank(s) 0,1 stopped by a signal after writing a checkpoint" in text
+    assert "could not record" not in result.stderr, explain(result)
+    assert not any(is_running(worker) for worker in workers)  # no orphan left
+    assert not status_dir.exists()
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000002"]  # the step reached
+    assert (run_dir / "checkpoints" / "step-00000002" / "rng-rank00001.json").is_file()
+    result = finish(launch(*args))  # at once: no RUN_DIR lock held by an orphan
+    assert result.returncode == 0, explain(result)
+    assert "Resuming from" in result.stdout + result.stderr and "(step 2," in result.stdout + result.stderr
     assert (run_dir / "checkpoints" / "step-00000004" / "rng-rank00001.json").is_file()

@@ -1,7 +1,8 @@
 """`bertrain launch`: run a launcher and exit with the workers' own code (launchers exit 1 whatever their workers
 said). The launcher runs in its own process group, gets every stop signal this process gets, and dies with it.
 Its own output (log lines, tracebacks of workers that stopped as designed) goes to a log file; the workers print
-here, on this process's stdout/stderr (reopened through /proc on Linux)."""
+here, on this process's stdout/stderr (reopened through /proc on Linux). When the launcher dies (kill -9) its
+workers get SIGTERM and save: this process waits for them before it reads their codes."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from bertrain.cli.app import app, err_console
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 # torch's elastic agent (torchrun, accelerate launch) forwards only these to its workers (SIGUSR1 is not
 # in its default list) and waits this long for their checkpoint before killing them (30 s by default).
-LAUNCHER_DEFAULTS = {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-                     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "600"}
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # also how long launch waits if the launcher dies
+LAUNCHER_DEFAULTS = {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", SHUTDOWN_TIMEOUT_ENV: "600"}
 OUTPUT_OF_ENV = "BERTRAIN_LAUNCH_OUTPUT_OF"  # the pid of `bertrain launch`, whose stdout/stderr the workers use
 
 
@@ -67,9 +68,12 @@ def workers_can_print_here() -> bool:
 
 
 def print_to_launch_output() -> None:
-    """In a worker of `bertrain launch` whose launcher writes to a log: write stdout/stderr where `bertrain
-    launch` writes them (a terminal, a pipe, a job's output file). Where that cannot be opened (no /proc, a
-    socket), the worker's output stays in the launcher's log."""
+    """In a worker of `bertrain launch`: record its pid (launch waits for it should the launcher die), and, where
+    the launcher writes to a log, write stdout/stderr where `bertrain launch` writes them (a terminal, a pipe, a
+    job's output file). Where that cannot be opened (no /proc, a socket), the worker's output stays in the log."""
+    from bertrain.exit_status import record_start
+
+    record_start()  # here: the one call every bertrain process makes at its start
     launch_pid = os.environ.pop(OUTPUT_OF_ENV, None)
     if not launch_pid:
         return
@@ -89,6 +93,61 @@ def _to_end_of_files() -> None:
             stream.flush()
             if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
                 os.lseek(stream.fileno(), 0, os.SEEK_END)
+
+
+def _say(text: str) -> None:
+    _to_end_of_files()
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def shutdown_timeout() -> float:
+    """How long the launcher waits for its workers' checkpoint after a stop signal (seconds), as set for it."""
+    try:
+        return max(0.0, float(os.environ.get(SHUTDOWN_TIMEOUT_ENV) or LAUNCHER_DEFAULTS[SHUTDOWN_TIMEOUT_ENV]))
+    except ValueError:
+        return float(LAUNCHER_DEFAULTS[SHUTDOWN_TIMEOUT_ENV])
+
+
+def wait_for_orphans(status_dir: Path, launcher_code: int, poll_seconds: float = 0.2) -> None:
+    """After the launcher ended: wait for the workers of this launch that still run. A launcher killed with -9
+    leaves them finishing the step and saving (their parent-death signal); their codes are recorded only then,
+    and a relaunch must not meet them on RUN_DIR's lock. The wait is as long as the launcher itself would give
+    them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT); those still running after it are killed, as the launcher would.
+    Stop signals to this process go to them meanwhile, as the launcher would have passed them on."""
+    from bertrain.exit_status import is_running, read_starts
+
+    running = [worker for worker in read_starts(status_dir) if is_running(worker)]
+    if not running:  # the usual case: the launcher waited for its workers itself
+        return
+    timeout = shutdown_timeout()
+    _say(f"bertrain launch: the launcher ended (exit {launcher_code}) while {len(running)} of its processes still "
+         f"run (pid {', '.join(str(worker.pid) for worker in running)}): waiting up to {timeout:g} s for them to "
+         "finish the step, save and exit.")
+
+    def forward(signum: int, frame: object) -> None:
+        for worker in running:
+            with contextlib.suppress(OSError):
+                if is_running(worker):
+                    os.kill(worker.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        deadline = time.monotonic() + timeout
+        while running and time.monotonic() < deadline:
+            time.sleep(poll_seconds)
+            running = [worker for worker in running if is_running(worker)]
+        for worker in running:
+            with contextlib.suppress(OSError):
+                os.kill(worker.pid, signal.SIGKILL)
+        killed = time.monotonic() + 60  # until they are gone (and RUN_DIR's lock with them): soon after a SIGKILL
+        while any(is_running(worker) for worker in running) and time.monotonic() < killed:
+            time.sleep(poll_seconds)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if running:
+        _say(f"bertrain launch: {len(running)} process(es) still ran after {timeout:g} s (pid "
+             f"{', '.join(str(worker.pid) for worker in running)}): killed.")
 
 
 def _tail(log_path: Path, start: int, lines: int = 20) -> str:
@@ -155,6 +214,8 @@ def launch(
 
     Ctrl-C (SIGINT): they checkpoint and exit 130; a second Ctrl-C stops them at once.
 
+    If the launcher dies (kill -9), its processes save and exit 75; this waits for them (as the launcher would).
+
     The processes print here; the launcher's own output goes to a log file named on the first line.
 
     That is RUN_DIR/launcher.log with --run-dir, else a file in the temp directory; --debug shows it here instead.
@@ -189,6 +250,7 @@ def launch(
                 err_console.print(f"bertrain launch: the launcher's own output goes to {log_path} (--debug shows it "
                                   "here).", markup=False, highlight=False, soft_wrap=True)
             launcher_code = run_launcher(command, status_dir, log)
+        wait_for_orphans(status_dir, launcher_code)  # before the directory goes: they record their codes in it
         exits = read_exits(status_dir)
         code, reason = combine_exit_codes(exits, launcher_code)
     finally:
