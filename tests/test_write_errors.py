@@ -276,9 +276,23 @@ def test_a_full_disk_while_saving_a_trained_tokenizer_names_the_file_and_leaves_
     out = tmp_path / "tok"
     assert_said(*run_cli("tokenizer", "train", "--source", str(tmp_path / "corpus"), "--kind", "wordpiece",
                          "--vocab-size", "300", "--out", str(out)), no_space_said(out / "tokenizer.json"))
-    # The wrapper files written before tokenizer.json are removed again: no tokenizer without its tokenizer.json.
-    # (OUT itself is made by the training, before the text is spooled into it: it stays, empty.)
-    assert not out.exists() or list(out.iterdir()) == []
+    # The wrapper files written before tokenizer.json are removed again, and OUT, which this command made.
+    assert not out.exists()
+
+
+def test_a_full_disk_while_spooling_the_training_text_names_the_file_and_leaves_no_out(run_cli, tmp_path,
+                                                                                      monkeypatch, pydoc_text):
+    def spool_until_full(texts, max_bytes, spool):
+        spool.write_text("half of the text")
+        raise no_space()  # write() names no file
+
+    monkeypatch.setattr(tokenizer_module, "_spool", spool_until_full)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "text.txt").write_text(pydoc_text[:10_000])
+    out = tmp_path / "tok"
+    assert_said(*run_cli("tokenizer", "train", "--source", str(tmp_path / "corpus"), "--kind", "wordpiece",
+                         "--vocab-size", "300", "--out", str(out)), no_space_said(out))
+    assert not out.exists()  # it said "No space left on device" without a path and left an empty OUT
 
 
 def test_save_tokenizer_removes_only_what_it_added_and_the_directory_it_made(tmp_path, monkeypatch):

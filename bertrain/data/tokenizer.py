@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertrain.config import TokenizerConfig
-from bertrain.files import file_sha256, undone_on_failure, write_atomic
+from bertrain.files import file_sha256, naming, undone_on_failure, write_atomic
 from bertrain.errors import ConfigError, DataError
 from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
 from bertrain.tokenizer_file import normalizer_settings
@@ -254,15 +254,20 @@ def require_vocab_size(config: TokenizerConfig) -> None:
 def train_tokenizer(texts: Iterable[str], tokenizer_config: TokenizerConfig, out_dir: str | Path,
                     validation_texts: Optional[Iterable[str]] = None) -> dict[str, Any]:
     """Train a tokenizer on at most `max_bytes` characters of texts, save it to out_dir; return stats."""
-    config = tokenizer_config
-    require_vocab_size(config)
+    require_vocab_size(tokenizer_config)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with undone_on_failure(out, ()):  # a failure (a full disk) leaves no OUT this call made
+        return _train_and_save(texts, tokenizer_config, out, validation_texts)
+
+
+def _train_and_save(texts: Iterable[str], config: TokenizerConfig, out: Path,
+                    validation_texts: Optional[Iterable[str]]) -> dict[str, Any]:
     spool = out / "training-text.tmp"
     start = time.perf_counter()
     try:
-        # Spooling to a file lets the (parallel) file trainer run and gives the alphabet up front.
-        chars, alphabet = _spool(texts, config.max_bytes, spool)
+        with naming(out):  # a write() on a full disk names no file; the user gave OUT, not the spool
+            # Spooling to a file lets the (parallel) file trainer run and gives the alphabet up front.
+            chars, alphabet = _spool(texts, config.max_bytes, spool)
         if chars == 0:
             raise DataError("No text to train the tokenizer on: every document was empty or skipped.")
         tokenizer = _train_on_spool(config, alphabet, spool, chars)
