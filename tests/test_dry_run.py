@@ -100,6 +100,38 @@ def test_the_estimate_uses_the_thread_count_the_run_would_choose(run_cli, tiny_d
     assert "estimated time 0m04s" in text
 
 
+def test_the_quick_enough_check_uses_the_fastest_thread_count(run_cli, tiny_data, tmp_path, monkeypatch,
+                                                              fresh_accelerate):
+    """Audit 4: on a busy CPU the matmul rate at the default 2 threads (5x slower than 1) judged a micro-batch too
+    slow to tune, so the estimate was timed at 2 threads: 3.4x the real run's 1-thread steps."""
+    import torch
+
+    from bertrain.train import threads
+
+    monkeypatch.setattr(dry_run, "matmul_rate", lambda accelerator: {1: 1e15}.get(torch.get_num_threads(), 1e6))
+    monkeypatch.setattr(dry_run, "plan_threads", lambda *a, **k: threads.ThreadPlan([2, 1], "train.threads=auto"))
+    clock = [0.0]
+
+    def one_pass(batch):
+        clock[0] += {2: 0.8, 1: 0.1}[torch.get_num_threads()]
+
+    monkeypatch.setattr(dry_run, "ThreadTuner", functools.partial(threads.ThreadTuner, timer=lambda: clock[0],
+                                                                  run_pass=one_pass))
+    monkeypatch.setattr(dry_run, "measure_micro_batch", lambda *a, **k: pytest.fail("timed outside the tuner"))
+    default = torch.get_num_threads()
+    torch.set_num_threads(2)  # the count the rate was measured at before
+    try:
+        config = write_config(tmp_path / "tiny.yaml", train={"max_steps": 40, "deterministic": False,
+                                                             "threads": "auto"})
+        code, out, err = run_cli("pretrain", "--config", str(config), "--data", str(tiny_data), "--run-dir",
+                                 str(tmp_path / "R"), "--dry-run")
+    finally:
+        torch.set_num_threads(default)
+    assert code == 0, err
+    text = " ".join(out.replace("│", " ").split())
+    assert "one micro-batch (measured) 0.100 s (1 thread(s), as train.threads auto would choose" in text, text
+
+
 def test_a_dry_run_on_a_run_dir_says_what_the_run_would_resume_or_refuse(run_cli, tiny_data, tmp_path,
                                                                           fresh_accelerate):
     """It resumed nothing and said nothing: a finished run's dry run planned from step 0, and a change the real run
