@@ -398,6 +398,11 @@ def test_same_seed_same_score_and_baseline_side_by_side(tmp_path):
     header, body = rows(both)
     assert header[2].startswith("model") and header[4].startswith("baseline") and body[0][0] == "river"
     assert body[0][6] == ("yes" if compared["beyond_spread"] else "no")
+    console = quiet_console()  # the same directory without --baseline: the stored baseline stays, and says so
+    again = downstream.evaluate(model, tasks, tmp_path / "both", console, QUICK, seeds=2)
+    assert "baseline" in again["summary"]
+    assert (f"baseline: its rows come from an earlier evaluation in this directory ({both['models']['baseline']}); "
+            "this one did not run it") in " ".join(console.file.getvalue().split())
 
 
 def test_random_baseline_and_a_training_subset(tmp_path):

@@ -171,3 +171,4 @@ def test_a_seed_that_predicts_one_class_for_every_example_is_warned_about(tmp_pa
     said = [w for w in warnings["one class"] if "collapsed" in w]
     assert len(said) == 1 and "river seed 1 gave every validation example one prediction (dev)" in said[0]
     assert results["one class"]["runs"][0]["constant"] == ["dev"]
+    assert all(r["runs"][0]["threads"] == 1 for r in results.values())  # finetune.threads=1: the count used

@@ -129,7 +129,7 @@ def _evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Conso
         results = _wait_for_all(out_dir, plan, [key for key, _ in models], console if rank == 0 else None)
     if rank == 0:
         results = refresh_summary(out_dir, plan)  # a smaller --seeds than results.json holds reports those asked
-        for note in beyond_plan(results, plan):
+        for note in beyond_plan(results, plan, [key for key, _ in models]):
             console.print(note, highlight=False)
     if rank == 0 and results.get("summary"):
         console.print(results_table(results, f"bertrain evaluate: {out_dir} (scores x 100 over seeds)"))
@@ -193,7 +193,7 @@ def _run_one(pretrained, data: TaskData, recipe, seed: int, device, console: Con
     return {"scores": outcome.scores, "score": outcome.score, "steps": outcome.steps,
             "train_seconds": round(outcome.train_seconds, 3), "eval_seconds": round(outcome.eval_seconds, 3),
             "train_examples_per_second": outcome.train_examples / max(outcome.train_seconds, 1e-9),
-            "constant": outcome.constant}
+            "constant": outcome.constant, "threads": torch.get_num_threads()}  # auto's choice: it changes rounding
 
 
 def _wait_for_all(out_dir: Path, plan: list[dict], models: list[str], console: Console | None) -> dict:

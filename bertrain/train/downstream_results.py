@@ -94,9 +94,11 @@ def unchecked_runs(results: dict) -> int:
     return sum(1 for run in results["runs"] if "data" not in run or "weights_sha256" not in run)
 
 
-def beyond_plan(results: dict, plan: list[dict]) -> list[str]:
-    """A note per task whose results.json holds more seeds than this evaluation asks for (only those are reported)."""
-    notes = []
+def beyond_plan(results: dict, plan: list[dict], models: list[str]) -> list[str]:
+    """A note per task whose results.json holds more seeds than this evaluation asks for (only those are reported),
+    and per model in the table that this evaluation did not run (a baseline of an earlier one)."""
+    notes = [f"{model}: its rows come from an earlier evaluation in this directory ({results['models'][model]}); "
+             f"this one did not run it" for model in results.get("models", {}) if model not in models]
     for item in plan:
         stored = sorted({run["seed"] for run in results["runs"] if run["task"] == item["task"]})
         if stored and stored[-1] > item["seeds"]:
