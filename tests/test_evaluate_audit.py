@@ -172,3 +172,18 @@ def test_a_seed_that_predicts_one_class_for_every_example_is_warned_about(tmp_pa
     assert len(said) == 1 and "river seed 1 gave every validation example one prediction (dev)" in said[0]
     assert results["one class"]["runs"][0]["constant"] == ["dev"]
     assert all(r["runs"][0]["threads"] == 1 for r in results.values())  # finetune.threads=1: the count used
+
+
+def test_a_task_of_several_metrics_reports_each_one_s_median_too():
+    # Audit 6: MRPC's F1 and accuracy (and MNLI-m/mm) were shown only as their mean, which no paper reports.
+    from bertrain.train.downstream_results import summary
+
+    scores = [{"f1": 0.90, "accuracy": 0.80}, {"f1": 0.70, "accuracy": 0.84}, {"f1": 0.86, "accuracy": 0.60}]
+    runs = [{"model": "model", "task": "mrpc", "seed": seed, "scores": s, "score": (s["f1"] + s["accuracy"]) / 2}
+            for seed, s in enumerate(scores, 1)]
+    results = {"models": {"model": "m"}, "runs": runs}
+    results["summary"] = summary(results, [{"task": "mrpc", "metrics": ["f1", "accuracy"], "seeds": 3}])
+    assert results["summary"]["model"]["tasks"]["mrpc"]["per_metric_median"] == {"f1": 0.86, "accuracy": 0.80}
+    text = results_markdown(results)
+    assert "| mrpc | model | f1 | 86.0 |" in text and "| mrpc | model | accuracy | 80.0 |" in text
+    assert "| mrpc | f1/accuracy | 3 | 77.0 |" in text  # the task's own score: the median of the per-seed means
