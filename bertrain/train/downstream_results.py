@@ -244,8 +244,8 @@ def results_markdown(results: dict) -> str:
     split = [(task, model, t["per_metric_median"]) for model, s in results.get("summary", {}).items()
              for task, t in s["tasks"].items() if len(t.get("per_metric_median", {})) > 1]
     if split:  # the tasks whose score is a mean of several metrics, each on its own
-        lines += ["", "Each metric of those tasks (median over seeds, x 100):", "", "| task | model | metric | median |",
-                  "|---|---|---|---|"]
+        lines += ["", "Each metric of those tasks (median over seeds, x 100):", "",
+                  "| task | model | metric | median |", "|---|---|---|---|"]
         lines += [f"| {task} | {model} | {metric} | {_points(value)} |" for task, model, medians in split
                   for metric, value in medians.items()]
     return "\n".join(lines) + "\n"
