@@ -152,6 +152,19 @@ def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path, suffix):
     assert train.texts == [(r["sentence1"], r["sentence2"]) for r in records] and len(validation["dev"]) == 24
 
 
+def test_positive_label_picks_the_class_whose_f1_is_scored(tmp_path):
+    # F1 was of "the larger label name": not_duplicate of duplicate / not_duplicate, and no way to say otherwise.
+    (default,) = resolve_tasks(str(write_task(tmp_path / "default", metric="f1")), None)
+    (chosen,) = resolve_tasks(str(write_task(tmp_path / "chosen", metric="f1", positive_label="no")), None)
+    assert default.labels == ["no", "yes"] and chosen.labels == ["yes", "no"]  # id 1 is the one F1 scores
+    train, _ = chosen.load()
+    assert train.labels == [["yes", "no"].index(r["label"]) for r in task_records(48, 0)]
+    with pytest.raises(ConfigError, match=r"'positive_label' 'maybe' is not a label of .*train.jsonl \(no, yes\)"):
+        resolve_tasks(str(write_task(tmp_path / "unknown", metric="f1", positive_label="maybe")), None)
+    with pytest.raises(ConfigError, match=r"'positive_label' 'no' is for metric f1 only"):
+        resolve_tasks(str(write_task(tmp_path / "accuracy", positive_label="no")), None)
+
+
 def test_regression_task_and_its_recipe_section(tmp_path):
     path = write_task(tmp_path, label="score", kind="regression", metric="pearson_spearman",
                       finetune={"epochs": 7, "lr": 5e-5})
