@@ -189,9 +189,19 @@ def test_a_report_that_cannot_be_written_only_warns(tmp_path):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (.ci/run installs Debian's chromium)")
 def test_the_page_renders_in_headless_chromium(resumed_run, tmp_path):
+    from bertrain.train.downstream_results import results_markdown, summary
+
     (tmp_path / "empty").mkdir()
+    run_dir = tmp_path / "run"  # a copy, with an evaluation: its results.md is drawn as a table (it was raw text)
+    shutil.copytree(resumed_run, run_dir)
+    runs = [{"model": "model", "task": "river", "seed": seed, "scores": {"accuracy": a}, "score": a}
+            for seed, a in ((1, 0.75), (2, 0.8))]
+    results = {"models": {"model": str(run_dir)}, "runs": runs}
+    results["summary"] = summary(results, [{"task": "river", "metrics": ["accuracy"], "seeds": 2}])
+    (run_dir / "eval").mkdir()
+    (run_dir / "eval" / "results.md").write_text(results_markdown(results))
     page = tmp_path / "report.html"
-    write_report([resumed_run, tmp_path / "empty"], page)
+    write_report([run_dir, tmp_path / "empty"], page)
 
     def chromium(url: str, *args: str) -> subprocess.CompletedProcess:
         profile = tempfile.mkdtemp(dir=tmp_path)  # a new, empty profile each time
@@ -207,6 +217,8 @@ def test_the_page_renders_in_headless_chromium(resumed_run, tmp_path):
         assert f"resumed at step {N}" in text and "closest shipped config, tiny_bert" in text
         assert "Trained in 2 sessions (resumed 1 time(s))." in text and "Validation NSP accuracy" in text
         assert "Data" in text and "No metrics.jsonl in" in text
+        assert "Evaluation (eval/results.md)" in text and "<th>median</th>" in text and "<td>river</td>" in text
+        assert "<td>77.5</td>" in text and "<pre># bertrain evaluate" not in text
     shot = tmp_path / "report.png"
     result = chromium(page.as_uri(), f"--screenshot={shot}", "--window-size=1400,2000")
     assert result.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", result.stderr[-3000:]

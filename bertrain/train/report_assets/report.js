@@ -102,6 +102,27 @@
     return node;
   }
 
+  function markdown(text) {  // a results.md of `bertrain evaluate`: heading, list, paragraphs and tables, drawn
+    const box = el("div", null, "evaluation");
+    const cells = line => line.trim().replace(/^\|/, "").replace(/\|$/, "").split("|").map(cell => cell.trim());
+    const rule = line => cells(line).every(cell => /^:?-{3,}:?$/.test(cell));  // the |---|---| under a header
+    for (const block of text.split(/\n\s*\n/)) {
+      const lines = block.split("\n").filter(line => line.trim());
+      if (!lines.length) continue;
+      if (lines.every(line => line.trim().startsWith("|"))) {
+        const rows = lines.filter(line => !rule(line)).map(cells);
+        box.appendChild(table(rows[0], rows.slice(1)));
+      } else if (lines.every(line => line.startsWith("- "))) {
+        const list = el("ul");
+        lines.forEach(line => list.appendChild(el("li", line.slice(2).replace(/`/g, ""))));
+        box.appendChild(list);
+      } else if (!lines[0].startsWith("# ")) {  // the file's own title repeats the h3 above it
+        box.appendChild(el("p", lines.join(" ").replace(/`/g, "")));
+      }
+    }
+    return box;
+  }
+
   function table(header, rows) {
     const node = el("table");
     [header].concat(rows).forEach((row, r) => {
@@ -182,7 +203,7 @@
       box.append(el("h3", `Config: ${diff.rows.length} key(s) differ from the closest shipped config, ${diff.shipped}`),
                  table(["key", diff.shipped, "this run"], diff.rows));
     }
-    run.evaluation.forEach(([path, text]) => box.append(el("h3", `Evaluation (${path})`), el("pre", text)));
+    run.evaluation.forEach(([path, text]) => box.append(el("h3", `Evaluation (${path})`), markdown(text)));
     return box;
   }
 
