@@ -54,6 +54,30 @@ def test_guess_layout():
     assert guess_text_layout(["The if statement is used for conditional", "execution. It selects",
                                      "exactly one suite."]) == "paragraphs"
     assert guess_text_layout(["One. Two. Three.", "Four. Five. Six."]) == "paragraphs"
+    # A bracket alone ends no sentence: wrapped prose between lines of code was read as one sentence per line.
+    code_and_prose = ["str.capitalize()", "", "str.casefold()", "", "Return a copy of the string with its first",
+                      "character capitalized and the rest lowercased.", "", "str.center(width[, fillchar])"]
+    assert guess_text_layout(code_and_prose) == "paragraphs"
+    assert guess_text_layout(['He said "Stop."', "(It was late.)", "", "Then she left."]) == "sentence_per_line"
+
+
+def test_the_pydoc_corpus_from_files_reads_as_the_built_in_source(tmp_path):
+    # The pydoc recipe says `--source pydoc_corpus` gives the same documents; `auto` took 4 topics of code lines
+    # ("str.capitalize()") for one sentence per line and made 144 documents of 79.
+    from bertrain.config import PrepareConfig, Recipe, SourceConfig, TokenizerConfig
+    from bertrain.data.prepare import prepare_corpus
+    from bertrain.data.sources.pydoc import write_pydoc_corpus
+    from tests.helpers import stored_documents
+
+    write_pydoc_corpus(tmp_path / "pydoc_corpus")
+    made = {}
+    for name, source in (("built_in", SourceConfig(path="pydoc_data.topics", format="pydoc")),
+                         ("files", SourceConfig(path=str(tmp_path / "pydoc_corpus")))):
+        recipe = Recipe(prepare=PrepareConfig(sources=[source], num_shards=1, validation_fraction=0.0, workers=1),
+                        tokenizer=TokenizerConfig(vocab_size=400))
+        made[name] = prepare_corpus(recipe, tmp_path / name)
+    assert made["files"]["counts"]["documents_read"] == made["built_in"]["counts"]["documents_read"]
+    assert sorted(stored_documents(tmp_path / "files")) == sorted(stored_documents(tmp_path / "built_in"))
 
 
 def test_long_lines_cut_in_pieces_across_blocks(tmp_path, monkeypatch):

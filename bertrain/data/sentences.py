@@ -35,12 +35,12 @@ art ed eds al
 """.split())
 
 _CLOSERS = "\"'”’“‘»)\\]}」』）》〉】〕〙〗"  # “ ‘ close German quotations („So?“ Ja.)
+CLOSING_MARKS = _CLOSERS  # what may follow a sentence's terminal mark
 # Spaced scripts end a sentence with . ! ? … and whitespace; these marks need no space after them: CJK 。！？
 # (and fullwidth ．｡), Devanagari danda । ॥, Arabic ؟ and Urdu ۔, Armenian ։, Ethiopic ።, Myanmar ။, Khmer ។ ៕.
 _SPACED_END = ".!?…"
 _UNSPACED_END = "。！？．｡।॥؟۔։።။។៕"
 TERMINAL_MARKS = _SPACED_END + _UNSPACED_END  # what ends a sentence, in every script the rules know
-SENTENCE_END = tuple(_SPACED_END + _UNSPACED_END + _CLOSERS)  # what a line ending a sentence ends with
 # One character class first: the regex engine then scans fast (about 90 M characters/s); the rest is decided below.
 _CANDIDATE = re.compile(f"[{re.escape(_SPACED_END)}{_UNSPACED_END}]+[{re.escape(_CLOSERS)}]*\\s*")
 _OPENERS = "\"'“‘«([{「『（《〈【〔"

@@ -7,7 +7,7 @@ from itertools import chain
 from typing import Iterator
 
 from bertrain.config import PrepareConfig, SourceConfig
-from bertrain.data.sentences import SENTENCE_END, is_thai, split_by_rules
+from bertrain.data.sentences import CLOSING_MARKS, TERMINAL_MARKS, is_thai, split_by_rules
 from bertrain.data.sources.lookup import InputFile
 
 
@@ -21,8 +21,11 @@ def guessed_layout_count(layout: str) -> str:
 
 
 def _ends_sentence(line: str) -> bool:
-    """Whether a line ends like a sentence: terminal punctuation of any script, or a short line of Thai."""
-    return line.endswith(SENTENCE_END) or (len(line) <= MAX_THAI_SENTENCE_CHARS and is_thai(line))
+    """Whether a line ends like a sentence: terminal punctuation of any script (before closing quotes or brackets:
+    a bare ")" ends "str.capitalize()", which took wrapped prose with such lines for one sentence per line), or a
+    short line of Thai."""
+    ends = line.rstrip(CLOSING_MARKS).endswith(tuple(TERMINAL_MARKS))
+    return ends or (len(line) <= MAX_THAI_SENTENCE_CHARS and is_thai(line))
 
 
 def guess_text_layout(lines: list[str]) -> str:
