@@ -354,6 +354,27 @@ def test_a_worker_whose_launcher_is_killed_9_is_told(tmp_path, mode, expected):
             pass
 
 
+def test_a_worker_watches_its_launcher_from_its_first_line_and_once(tmp_path):
+    # The loop set the parent-death signal only after imports and setup (seconds): a launcher killed then left its
+    # worker to train as an orphan. The CLI sets it first; the loop's second call starts no second watch.
+    code = ("import ctypes, signal, sys\n"
+            "sys.argv = ['bertrain', 'pretrain', '--config', 'tiny_bert']\n"
+            "from bertrain import cli\n"
+            "from bertrain.train import parent_watch\n"
+            "cli._install_early_signal_handlers()\n"
+            "value = ctypes.c_int(0)\n"
+            "assert ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0) == 0  # PR_GET_PDEATHSIG\n"
+            "assert value.value == signal.SIGTERM, value.value\n"
+            "parent_watch.set_parent_death_signal = lambda *a, **k: False  # where prctl is missing: a thread\n"
+            "assert parent_watch.watch_parent() is True\n"
+            "import threading\n"
+            "assert not [t for t in threading.enumerate() if t.name == 'bertrain-parent-watch']\n"
+            "print('watched once')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=WAIT,
+                            env=pretrain_env(LOCAL_RANK="0"))
+    assert result.returncode == 0 and result.stdout.strip() == "watched once", result.stderr
+
+
 def test_parent_watch_is_off_outside_a_launcher(monkeypatch):
     for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)

@@ -9,10 +9,12 @@ import sys
 def _install_early_signal_handlers() -> None:
     # A SIGTERM during `import torch` would kill the process before the loop installs its handler.
     if "pretrain" in sys.argv[1:3] or "evaluate" in sys.argv[1:3]:
+        from bertrain.train.parent_watch import watch_parent
         from bertrain.train.signals import install_handlers, interrupt_at_startup
 
         install_handlers()
         interrupt_at_startup()
+        watch_parent()  # from the start: a launcher killed while this imports torch left it to train as an orphan
     elif "prepare" in sys.argv[1:3]:
         import signal
 

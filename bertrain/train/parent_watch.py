@@ -14,6 +14,7 @@ from typing import Callable, Optional
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK")  # set by torchrun and accelerate launch for each worker
 POLL_SECONDS = 1.0
+_watching = False  # the default watch runs: a second one (a second thread) would send a second SIGTERM
 
 
 def started_by_launcher() -> bool:
@@ -53,9 +54,13 @@ def watch_parent(on_orphaned: Optional[Callable[[], None]] = None, *, poll_secon
     once the parent dies; True if watching. Only under a launcher: a plain `bertrain pretrain` outlives its shell."""
     if not started_by_launcher():
         return False
+    global _watching
+    if on_orphaned is None and _watching:  # the CLI started it before `import torch`, the loop asks again
+        return True
     parent = os.getppid()
     # The default path must not fire twice: a second SIGTERM more than a few seconds after the first
     # means "exit now, no checkpoint" to the signal handler.
+    _watching = on_orphaned is None
     if on_orphaned is None and set_parent_death_signal(signal.SIGTERM):
         if os.getppid() != parent:  # the parent died before prctl took effect
             _terminate_self()
