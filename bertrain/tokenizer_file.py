@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tokenizers import Tokenizer
 
@@ -64,6 +65,16 @@ def corpus_tokenizer(path: str | Path) -> Tokenizer:
     tokenizer = load_tokenizer(path)
     tokenizer.encode_special_tokens = True
     return tokenizer
+
+
+@contextmanager
+def special_tokens_as_text(tokenizer: Tokenizer) -> Iterator[Tokenizer]:
+    """Within the block `tokenizer` encodes corpus text as corpus_tokenizer's does (a literal `[MASK]` is text)."""
+    before, tokenizer.encode_special_tokens = tokenizer.encode_special_tokens, True
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.encode_special_tokens = before
 
 
 def token_strings(path: str | Path, vocab_size: int) -> list[str]:

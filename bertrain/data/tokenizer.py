@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -14,7 +15,7 @@ from bertrain.config import TokenizerConfig
 from bertrain.files import file_sha256, naming, undone_on_failure, write_atomic
 from bertrain.errors import ConfigError, DataError
 from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
-from bertrain.tokenizer_file import normalizer_settings
+from bertrain.tokenizer_file import normalizer_settings, special_tokens_as_text
 
 # How Unigram text is cut before the model sees it: words, single digits, punctuation runs.
 UNIGRAM_SPLIT = r" ?[^\s\p{P}\p{S}\p{N}]+| ?\p{N}| ?[\p{P}\p{S}]+|\s+"
@@ -43,8 +44,9 @@ def _strip_accents(config: TokenizerConfig) -> bool:
 
 
 def _without_control_characters() -> Any:
-    """Control and format characters deleted, as prepare's cleaning deletes them from the corpus (soft hyphen, zero
-    width space, BOM, C0/C1), so that text at fine-tuning and inference meets the tokenizer the corpus met. ZWNJ/ZWJ
+    """Every control, format, private-use and unassigned character deleted (\\p{C}, as BERT's normalizer does), so
+    that what prepare's cleaning removes from the corpus (soft hyphen, zero width space, BOM, C0/C1) is removed from
+    text at fine-tuning and inference too; so are RLM marks and the tag characters of subdivision flags. ZWNJ/ZWJ
     stay (Persian and Indic spelling, emoji), as do tab and newline (whitespace), and SEED_MARK (a noncharacter, so
     in no text) which Unigram training needs."""
     return normalizers.Replace(Regex(r"[\p{C}\x{FFFD}&&[^\t\n\r\x{200C}\x{200D}\x{FDD0}]]"), "")
@@ -151,6 +153,8 @@ def _spool(texts: Iterable[str], max_bytes: int, path: Path) -> tuple[int, set[s
             handle.write(text if text.endswith("\n") else text + "\n")
             chars += len(text)
             alphabet.update(text)
+            if not unicodedata.is_normalized("NFC", text):  # what the normalizer composes ("e" + U+0301 is "é")
+                alphabet.update(unicodedata.normalize("NFC", text))  # is alphabet too: its "##é" id is fixed
             if chars >= max_bytes:
                 break
     return chars, alphabet
@@ -302,11 +306,8 @@ def measure(tokenizer: Any, texts: Iterable[str], max_chars: int = 10_000_000) -
 
     def flush() -> None:
         nonlocal tokens, unknown
-        splits_specials, tokenizer.encode_special_tokens = tokenizer.encode_special_tokens, True  # as prepare's shards
-        try:
+        with special_tokens_as_text(tokenizer):  # as prepare's shards encode the corpus
             encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False)
-        finally:
-            tokenizer.encode_special_tokens = splits_specials
         for encoding in encodings:
             tokens += len(encoding.ids)
             unknown += encoding.ids.count(unk)

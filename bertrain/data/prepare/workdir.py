@@ -17,7 +17,9 @@ from bertrain.errors import UsageError
 from bertrain.files import write_atomic
 
 STAGE_VERSION = 2            # bump when a change makes old intermediate outputs invalid (2: any-script sentences)
-WORD_UNITS_VERSION = 1       # shards' word starts (format 2): bump when their rules change, to rebuild the shards
+# Shards' encoding and word starts (format 2): bump when their rules change, so that a prepare resumed across the
+# change rebuilds its shards instead of mixing two encodings (2: a literal [MASK] in the text is text).
+WORD_UNITS_VERSION = 2
 WORK = PREPARE_WORK  # the intermediate outputs; open_prepared names a DATA_DIR that has it unfinished
 
 
