@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -85,6 +86,9 @@ def demo_recipe(corpus_dir: Path, model: str) -> dict[str, Any]:
 # --- Running the stages ---
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a stage gets, once, through the demo
+
+
 def _stage_env() -> dict[str, str]:
     # The demo never needs the network; make sure nothing tries.
     defaults = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -98,7 +102,8 @@ def run_cli_stage(name: str, args: list[str], console: Console) -> None:
     console.print(f"[dim]$ bertrain {' '.join(_quote(a) for a in args)}[/]", highlight=False)
     console.file.flush()
     # A stop signal reaches the stage once, through us: the stage decides (pretrain saves first), we wait for it.
-    code = run_forwarding_signals(command, _stage_env(), console.file if _is_real_file(console) else None)
+    code = run_forwarding_signals(command, STOP_SIGNALS, env=_stage_env(),
+                                  stdout=console.file if _is_real_file(console) else None)
     if code in (EXIT_REQUEUE, 130, 143, 129):  # its own requeue code, or killed by SIGINT/SIGTERM/SIGHUP
         raise Interrupted(f"The demo's {name} stage was stopped by a signal.", EXIT_REQUEUE if code == EXIT_REQUEUE
                           else 130)

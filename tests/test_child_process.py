@@ -24,9 +24,10 @@ time.sleep(0.5)  # a second delivery (the group's and the parent's) would be cou
 sys.exit(70 + len(got))
 """
 PARENT = """
-import sys
+import signal, sys
 from bertrain.child_process import run_forwarding_signals
-print("stage exit", run_forwarding_signals([sys.executable, "-c", sys.argv[1], sys.argv[2]]), flush=True)
+print("stage exit", run_forwarding_signals([sys.executable, "-c", sys.argv[1], sys.argv[2]],
+                                           (signal.SIGINT, signal.SIGTERM)), flush=True)
 """
 
 
@@ -45,3 +46,22 @@ def test_a_stop_signal_reaches_the_stage_once_and_the_parent_waits_for_it(tmp_pa
     (os.killpg if to_group else os.kill)(parent.pid, number)
     out, err = parent.communicate(timeout=120)
     assert parent.returncode == 0 and out.strip() == "stage exit 71", (out, err)
+
+
+def test_a_stage_whose_parent_is_killed_9_is_stopped_not_orphaned(tmp_path):
+    marker, got = tmp_path / "ready", tmp_path / "got"
+    child = (CHILD.replace("sys.exit(70 + len(got))", "pathlib.Path(sys.argv[2]).write_text(str(got)); sys.exit(0)")
+             .replace("time.sleep(0.5)  # a second delivery (the group's and the parent's) would be counted", ""))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.replace("sys.argv[2]]", "sys.argv[2], sys.argv[3]]"),
+                               child, str(marker), str(got)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert parent.poll() is None and time.monotonic() < deadline, parent.communicate()
+        time.sleep(0.02)
+    parent.kill()  # kill -9 of the demo: its stage was left training
+    parent.communicate(timeout=120)
+    while not got.exists():
+        assert time.monotonic() < deadline, "the stage was not told its parent died"
+        time.sleep(0.02)
+    assert got.read_text() == f"[{int(signal.SIGTERM)}]"

@@ -161,38 +161,19 @@ def _tail(log_path: Path, start: int, lines: int = 20) -> str:
 def run_launcher(command: list[str], status_dir: Path, log: Optional[IO] = None) -> int:
     """Run `command` in its own process group, forwarding stop signals to the group; its exit code
     (128 + N when signal N ended it). With `log`, the launcher's stdout and stderr go there."""
+    from bertrain.child_process import run_forwarding_signals
     from bertrain.errors import UsageError
     from bertrain.exit_status import STATUS_DIR_ENV
-    from bertrain.train.parent_watch import libc_prctl, set_parent_death_signal
 
-    prctl = libc_prctl()  # looked up here: between fork and exec nothing may be loaded
-
-    def die_with_this_process() -> None:  # a kill -9 here then stops the launcher (and so its workers)
-        set_parent_death_signal(signal.SIGTERM, prctl)
-
-    try:
-        env = {**LAUNCHER_DEFAULTS, **os.environ, STATUS_DIR_ENV: str(status_dir)}
-        if log is not None:
-            env[OUTPUT_OF_ENV] = str(os.getpid())
-        child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_this_process,
-                                 stdout=log, stderr=log)
+    env = {**LAUNCHER_DEFAULTS, **os.environ, STATUS_DIR_ENV: str(status_dir)}
+    if log is not None:
+        env[OUTPUT_OF_ENV] = str(os.getpid())
+    try:  # its own session and group, all of which gets each stop signal; it dies with this process (kill -9)
+        return run_forwarding_signals(command, FORWARDED_SIGNALS, to_group=True, new_session=True, env=env,
+                                      stdout=log, stderr=log)
     except (FileNotFoundError, PermissionError) as error:
         raise UsageError(f"Cannot start the launcher '{command[0]}': {error.strerror}. Install it, or give its full "
                          f"path (torchrun is also `python -m torch.distributed.run`).") from None
-
-    def forward(signum: int, frame: object) -> None:
-        try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            pass  # the launcher has already exited
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    try:
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 128 - code if code < 0 else code
 
 
 @app.command("launch", options_metavar="[--nproc N] [--debug] LAUNCHER ARGS...",

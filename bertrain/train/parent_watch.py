@@ -1,17 +1,16 @@
 """Stop a worker whose launcher died (after a kill -9 of torchrun its workers go on): on Linux the kernel sends
-SIGTERM (PR_SET_PDEATHSIG), handled as usual; elsewhere a daemon thread polls the parent's pid. Stdlib only."""
+SIGTERM (PR_SET_PDEATHSIG), handled as usual; elsewhere a daemon thread polls the parent's pid."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Callable, Optional
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from bertrain.child_process import set_parent_death_signal
+
 LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK")  # set by torchrun and accelerate launch for each worker
 POLL_SECONDS = 1.0
 _watching = False  # the default watch runs: a second one (a second thread) would send a second SIGTERM
@@ -20,23 +19,6 @@ _watching = False  # the default watch runs: a second one (a second thread) woul
 def started_by_launcher() -> bool:
     """True when a launcher (torchrun, accelerate launch) started this process."""
     return any(name in os.environ for name in LAUNCHER_ENV)
-
-
-def libc_prctl() -> Optional[Callable[..., int]]:
-    """libc's prctl (Linux), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # the symbols already loaded: libc is among them
-    except (OSError, AttributeError):
-        return None
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM, prctl: Optional[Callable[..., int]] = None) -> bool:
-    """Ask the kernel to send `sig` to this process when its parent dies; False where that is unavailable. Pass
-    `prctl` (from `libc_prctl()`) when calling between fork and exec, where nothing may be loaded."""
-    prctl = prctl or libc_prctl()
-    return prctl is not None and prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
 def _terminate_self() -> None:
