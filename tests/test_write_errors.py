@@ -255,22 +255,25 @@ def test_a_full_disk_during_report_names_the_page(run_cli, tmp_path, monkeypatch
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
+class SaveUntilFull:
+    """A trained tokenizer whose save() meets a full disk halfway, as tokenizers (Rust) says it: a plain Exception
+    with the errno in words only."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def save(self, path):
+        pathlib.Path(path).write_bytes(b"{half")
+        raise Exception("No space left on device (os error 28)")
+
+
 def test_a_full_disk_while_saving_a_trained_tokenizer_names_the_file_and_leaves_none(run_cli, tmp_path, monkeypatch,
                                                                                     pydoc_text):
-    real_write_atomic = tokenizer_module.write_atomic
-
-    def write_atomic(path, write, **kwargs):
-        if path.name != "tokenizer.json":
-            return real_write_atomic(path, write, **kwargs)
-
-        def save_until_full(tmp):
-            tmp.write_text("{half")
-            # What tokenizers' save raises: a plain Exception that says the errno only in words.
-            raise Exception("No space left on device (os error 28)")
-
-        return real_write_atomic(path, save_until_full, **kwargs)
-
-    monkeypatch.setattr(tokenizer_module, "write_atomic", write_atomic)
+    real_train = tokenizer_module._train_on_spool
+    monkeypatch.setattr(tokenizer_module, "_train_on_spool", lambda *args: SaveUntilFull(real_train(*args)))
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "text.txt").write_text(pydoc_text[:100_000])
     out = tmp_path / "tok"
@@ -309,13 +312,8 @@ def test_save_tokenizer_removes_only_what_it_added_and_the_directory_it_made(tmp
     (existing / "special_tokens_map.json").write_text("kept")
     (existing / "notes.txt").write_text("kept")
 
-    def write_atomic_fails_on_the_tokenizer(path, write, **kwargs):
-        if path.name == "tokenizer.json":
-            raise no_space()
-        return write_atomic(path, write, **kwargs)
-
-    monkeypatch.setattr("bertrain.data.tokenizer.write_atomic", write_atomic_fails_on_the_tokenizer)
     with pytest.raises(OSError):
-        save_tokenizer(tokenizer, existing, "wordpiece")
+        save_tokenizer(SaveUntilFull(tokenizer), existing, "wordpiece")
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt", "special_tokens_map.json"]
-    assert (existing / "notes.txt").read_text() == "kept"
+    # Nothing of the failed save replaced what was there (its new special_tokens_map.json beside an old tokenizer).
+    assert (existing / "notes.txt").read_text() == "kept" == (existing / "special_tokens_map.json").read_text()

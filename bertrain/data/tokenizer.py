@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertrain.config import TokenizerConfig
-from bertrain.files import file_sha256, naming, undone_on_failure, write_atomic
+from bertrain.files import file_sha256, naming, undone_on_failure, write_dir_atomic
 from bertrain.errors import ConfigError, DataError
 from bertrain.special_tokens import SPECIAL_IDS, SPECIAL_TOKENS, WORD_MARKERS
 from bertrain.tokenizer_file import normalizer_settings, special_tokens_as_text
@@ -336,8 +336,7 @@ def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, model_max_len
     for name, token in specials.items():
         token_id = tokenizer.token_to_id(token)
         added[str(token_id)] = {"content": token, "lstrip": _absorbs_space_before(kind, token), "normalized": False,
-                                "rstrip": False,
-                                "single_word": False, "special": True}
+                                "rstrip": False, "single_word": False, "special": True}
     wrapper = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_input_names": MODEL_INPUT_NAMES,
@@ -349,13 +348,15 @@ def save_tokenizer(tokenizer: Any, out_dir: str | Path, kind: str, model_max_len
         "added_tokens_decoder": added,
         **tokens_map,
     }
-    # A full disk leaves no half file and no half set: what this call added is removed again.
-    with undone_on_failure(out, ("special_tokens_map.json", "tokenizer_config.json", "tokenizer.json")):
-        write_atomic(out / "special_tokens_map.json",
-                     lambda tmp: tmp.write_text(json.dumps(tokens_map, indent=2, ensure_ascii=False)))
-        write_atomic(out / "tokenizer_config.json",
-                     lambda tmp: tmp.write_text(json.dumps(wrapper, indent=2, ensure_ascii=False)))
-        write_atomic(out / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))  # last: its presence means complete
+
+    def write(directory: Path) -> None:  # all three aside first: a full disk leaves no half set, new or old
+        for name, save in (("special_tokens_map.json", lambda path: path.write_text(json.dumps(tokens_map, indent=2))),
+                           ("tokenizer_config.json", lambda path: path.write_text(json.dumps(wrapper, indent=2))),
+                           ("tokenizer.json", lambda path: tokenizer.save(str(path)))):
+            with naming(directory / name):  # write() names no file, tokenizers says the errno in words only
+                save(directory / name)
+
+    write_dir_atomic(out, write)
     return out
 
 
