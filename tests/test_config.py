@@ -203,7 +203,8 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     # Before the command or after it (where users put it; it was "No such option: --debug"), or from the
     # environment: the traceback, and the same exit code (it was 1, so a job script read a bad config as a failure).
     show = ["config", "show", str(bad)]
-    for args, debug_env in ((["--debug", *show], ""), ([*show, "--debug"], ""), (show, "1")):
+    for args, debug_env in ((["--debug", *show], ""), ([*show, "--debug"], ""), (show, "1"),
+                            (["--debug", *show, "--debug"], "")):  # twice: it was "No such option" again
         debug = subprocess.run([sys.executable, "-m", "bertrain", *args], capture_output=True, text=True,
                                env=dict(env, BERTRAIN_DEBUG=debug_env))
         assert debug.returncode == 2 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr, args

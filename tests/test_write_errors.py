@@ -317,3 +317,14 @@ def test_save_tokenizer_removes_only_what_it_added_and_the_directory_it_made(tmp
     assert sorted(p.name for p in existing.iterdir()) == ["notes.txt", "special_tokens_map.json"]
     # Nothing of the failed save replaced what was there (its new special_tokens_map.json beside an old tokenizer).
     assert (existing / "notes.txt").read_text() == "kept" == (existing / "special_tokens_map.json").read_text()
+
+
+def test_with_debug_the_message_follows_the_traceback_without_asking_for_it(run_cli, tmp_path, monkeypatch):
+    out = tmp_path / "missing" / "folder" / "reference.md"
+    monkeypatch.setattr(pathlib.Path, "mkdir", lambda *a, **k: None)  # the folder stays missing: ENOENT
+    code, _, plain = run_cli("config", "reference", "--out", str(out))
+    monkeypatch.setenv("BERTRAIN_DEBUG", "1")
+    debug_code, _, debug = run_cli("config", "reference", "--out", str(out))
+    assert code == debug_code == 1 and "Run again with --debug" in plain and "Traceback" not in plain
+    # It said "Run again with --debug … for the traceback" under the traceback it had just printed.
+    assert "Traceback" in debug and "Run again with --debug" not in debug and str(out.parent) in debug

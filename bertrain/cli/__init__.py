@@ -80,7 +80,7 @@ def _debug_first(args: list[str]) -> list[str]:
     owns it; not for `launch`, whose own --debug shows the launcher's output, nor after `--`."""
     command = next((arg for arg in args if not arg.startswith("-")), None)
     end = args.index("--") if "--" in args else len(args)
-    if command == "launch" or "--debug" not in args[:end] or args[0] == "--debug":
+    if command == "launch" or "--debug" not in args[:end]:
         return args
     return ["--debug"] + [arg for index, arg in enumerate(args) if arg != "--debug" or index >= end]
 
@@ -119,14 +119,13 @@ def exit_code_for(error: BaseException, debug: bool) -> int:
     if isinstance(error, BertrainError):
         err_console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
+    hint = "" if debug else "\nRun again with --debug (or BERTRAIN_DEBUG=1) for the traceback."
     if isinstance(error, OSError) and error.errno:  # a full disk, a read-only mount, a file in the way: say which
         from bertrain.files import describe_os_error
 
-        err_console.print(f"{describe_os_error(error)}\nRun again with --debug (or BERTRAIN_DEBUG=1) for the "
-                          "traceback.", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(describe_os_error(error) + hint, markup=False, highlight=False, soft_wrap=True)
         return EXIT_ERROR
-    err_console.print(f"{type(error).__name__}: {error}\nRun again with --debug (or BERTRAIN_DEBUG=1) for the "
-                      "traceback.", markup=False, highlight=False, soft_wrap=True)
+    err_console.print(f"{type(error).__name__}: {error}{hint}", markup=False, highlight=False, soft_wrap=True)
     return EXIT_ERROR
 
 
