@@ -293,6 +293,41 @@ def test_launch_waits_for_the_workers_of_a_killed_launcher_and_exits_with_their_
     assert "could not record" not in result.stderr
 
 
+# A worker that saves and records 75 when a stop signal reaches it (its dead launcher's SIGTERM, say).
+SIGNALLED_WORKER = """
+import os, signal, sys, time
+from pathlib import Path
+from bertrain.exit_status import record_exit, record_start
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+record_start()
+Path(sys.argv[1]).write_text(str(os.getpid()))
+while not got:
+    time.sleep(0.02)
+record_exit(75)
+"""
+
+
+def test_a_stop_signal_between_the_launcher_s_end_and_the_wait_reaches_the_workers(tmp_path, monkeypatch):
+    # launch restored the default handlers when the launcher ended: a SIGTERM before the orphan wait killed it (143)
+    # and left the saving workers unwaited. Now it is kept, and passed on once the wait knows the workers.
+    from bertrain.cli.launch_commands import wait_for_orphans
+    from bertrain.exit_status import read_exits
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "60")  # without the signal: killed, no record, a failure
+    status, ready = tmp_path / "status", tmp_path / "ready"
+    status.mkdir()
+    worker = subprocess.Popen([sys.executable, "-c", SIGNALLED_WORKER, str(ready)], cwd=ROOT,
+                              env=pretrain_env(BERTRAIN_EXIT_STATUS_DIR=str(status), RANK="0"))
+    try:
+        wait_for(ready)
+        wait_for_orphans(status, 137, [signal.SIGTERM])  # returns once the worker, told, has saved and exited
+        assert worker.wait(timeout=WAIT) == 0
+        assert [exit.code for exit in read_exits(status)] == [75]
+    finally:
+        worker.kill()
+
+
 @pytest.mark.parametrize("fate", ["dies", "hangs"])
 def test_workers_that_never_record_do_not_hold_launch_forever(tmp_path, fate):
     ready = tmp_path / "ready"

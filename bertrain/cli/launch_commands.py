@@ -108,7 +108,8 @@ def shutdown_timeout() -> float:
         return float(LAUNCHER_DEFAULTS[SHUTDOWN_TIMEOUT_ENV])
 
 
-def wait_for_orphans(status_dir: Path, launcher_code: int, poll_seconds: float = 0.2) -> None:
+def wait_for_orphans(status_dir: Path, launcher_code: int, received: list[int] | tuple[int, ...] = (),
+                     poll_seconds: float = 0.2) -> None:
     """After the launcher ended: wait for the workers of this launch that still run. A launcher killed with -9
     leaves them finishing the step and saving (their parent-death signal); their codes are recorded only then,
     and a relaunch must not meet them on RUN_DIR's lock. The wait is as long as the launcher itself would give
@@ -131,6 +132,8 @@ def wait_for_orphans(status_dir: Path, launcher_code: int, poll_seconds: float =
                     os.kill(worker.pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    for signum in list(received):  # what came after the launcher ended, before this forwarding
+        forward(signum, None)
     try:
         deadline = time.monotonic() + timeout
         while running and time.monotonic() < deadline:
@@ -220,6 +223,9 @@ def launch(
     # Without a way for the workers to print here (no /proc, a socket), everything stays here, as with --debug.
     log_path = None if debug or not workers_can_print_here() else launcher_log(command)
     status_dir = Path(tempfile.mkdtemp(prefix="bertrain-exit-"))
+    # Between the launcher's end and the orphan wait a stop signal is kept for the workers, not our death (143).
+    between: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: between.append(signum)) for sig in FORWARDED_SIGNALS}
     try:
         with contextlib.ExitStack() as stack:
             log, log_start = None, 0
@@ -231,10 +237,12 @@ def launch(
                 err_console.print(f"bertrain launch: the launcher's own output goes to {log_path} (--debug shows it "
                                   "here).", markup=False, highlight=False, soft_wrap=True)
             launcher_code = run_launcher(command, status_dir, log)
-        wait_for_orphans(status_dir, launcher_code)  # before the directory goes: they record their codes in it
+        wait_for_orphans(status_dir, launcher_code, between)  # before the directory goes: they record codes in it
         exits = read_exits(status_dir)
         code, reason = combine_exit_codes(exits, launcher_code)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         shutil.rmtree(status_dir, ignore_errors=True)
     _to_end_of_files()
     if log_path is not None and not exits and launcher_code != 0:  # it failed by itself (bad arguments…): show why
