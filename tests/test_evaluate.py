@@ -163,6 +163,13 @@ def test_positive_label_picks_the_class_whose_f1_is_scored(tmp_path):
         resolve_tasks(str(write_task(tmp_path / "unknown", metric="f1", positive_label="maybe")), None)
     with pytest.raises(ConfigError, match=r"'positive_label' 'no' is for metric f1 only"):
         resolve_tasks(str(write_task(tmp_path / "accuracy", positive_label="no")), None)
+    booleans = write_task(tmp_path / "booleans", metric="f1", positive_label=False)  # YAML's bare `false`
+    for name in ("train.jsonl", "dev.jsonl"):
+        path = booleans.parent / name
+        path.write_text(path.read_text().replace('"label": "yes"', '"label": true').replace('"label": "no"',
+                                                                                           '"label": false'))
+    (task,) = resolve_tasks(str(booleans), None)
+    assert task.labels == ["true", "false"]  # "True is not a valid str | null" before
 
 
 def test_regression_task_and_its_recipe_section(tmp_path):

@@ -65,7 +65,7 @@ class TaskFile:
     metric: Literal["accuracy", "f1", "matthews", "pearson_spearman"] = opt(
         "accuracy", "The score: accuracy, f1 (of the positive label: `positive_label`, else `1`, `true` or the "
         "larger of two), matthews (correlation), pearson_spearman (their mean; regression).")
-    positive_label: Optional[str] = opt(
+    positive_label: Union[str, bool, int, None] = opt(
         None, "With `metric: f1`: the label whose F1 is scored (e.g. `duplicate`, which is not the larger of "
         "`duplicate` / `not_duplicate`); unset: `1`, `true` or the larger of the two.")
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)

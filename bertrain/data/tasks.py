@@ -150,11 +150,14 @@ def task_from_file(path: Path) -> Task:
         raise ConfigError(f"Task file {path}: metric f1 needs two labels; {train} has {len(labels)} "
                           f"({', '.join(labels[:10])}). Use accuracy or matthews.")
     if spec.positive_label is not None:
-        if spec.metric != "f1" or labels is None or str(spec.positive_label) not in labels:
-            raise ConfigError(f"Task file {path}: 'positive_label' {spec.positive_label!r} " + (
+        # As label_names reads labels: YAML's bare `true` is the label "true", `1` the label "1".
+        positive = str(spec.positive_label).lower() if isinstance(spec.positive_label, bool) else \
+            str(spec.positive_label).strip()
+        if spec.metric != "f1" or labels is None or positive not in labels:
+            raise ConfigError(f"Task file {path}: 'positive_label' {positive!r} " + (
                 "is for metric f1 only." if spec.metric != "f1" else f"is not a label of {train} "
                 f"({', '.join(labels or [])})."))
-        labels = [label for label in labels if label != str(spec.positive_label)] + [str(spec.positive_label)]
+        labels = [label for label in labels if label != positive] + [positive]
     to_label = float_label if labels is None else label_lookup(labels)
 
     def load() -> tuple[Examples, dict[str, Examples]]:

@@ -193,7 +193,7 @@ def _run_one(pretrained, data: TaskData, recipe, seed: int, device, console: Con
     return {"scores": outcome.scores, "score": outcome.score, "steps": outcome.steps,
             "train_seconds": round(outcome.train_seconds, 3), "eval_seconds": round(outcome.eval_seconds, 3),
             "train_examples_per_second": outcome.train_examples / max(outcome.train_seconds, 1e-9),
-            "constant": outcome.constant, "threads": torch.get_num_threads()}  # auto's choice: it changes rounding
+            "constant": outcome.constant, "threads": torch.get_num_threads()}  # auto's last choice: it changes rounding
 
 
 def _wait_for_all(out_dir: Path, plan: list[dict], models: list[str], console: Console | None) -> dict:
