@@ -220,6 +220,9 @@ def test_a_failed_export_over_an_earlier_one_leaves_it_as_it_was(run_cli, run_di
     code, _, err = run_cli("export", str(run_dir), str(out))  # as before: the files replaced, others kept
     assert code == 0, err
     assert contents(out) == before
+    (out / "added_tokens.json").write_text("{}")  # an earlier export's tokenizer file that this one does not write
+    assert run_cli("export", str(run_dir), str(out))[0] == 0
+    assert contents(out) == before  # no other tokenizer's files beside this one's
 
 
 def test_export_into_a_file_names_it_and_writes_nothing(run_cli, run_dir, tmp_path):

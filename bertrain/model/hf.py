@@ -299,6 +299,8 @@ def export_hf(checkpoint_or_model, out_dir: str | Path, tokenizer_dir: str | Pat
     # Never half an export (config.json without weights, which transformers fails to load), nor a failed export
     # over an earlier one: written aside, put in place when complete.
     copied = write_dir_atomic(out, write)
+    for name in set(TOKENIZER_FILES) - set(copied):  # an earlier export's: a WordPiece vocab.txt beside ALBERT's
+        (out / name).unlink(missing_ok=True)
     return {"out_dir": out, "checkpoint": checkpoint, "tokenizer_dir": tokenizer, "tokenizer_files": copied,
             "architecture": config["architectures"][0], "parameters": model.num_parameters(), "model": model,
             "skipped": skipped}
