@@ -21,7 +21,7 @@ from bertrain.train.checkpoint import choose_checkpoint, data_info
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.step_cost import MATMUL_SHARE, matmul_rate, measure_micro_batch, training_flops
 from bertrain.train.stream import TrainStream
-from bertrain.train.threads import ThreadTuner, plan_threads
+from bertrain.train.threads import ThreadPlan, ThreadTuner, plan_threads
 
 QUICK_SECONDS = 10.0
 # More passes over the training data than this are warned about (a plan of 13,889 epochs once went unremarked).
@@ -29,14 +29,11 @@ MAX_EPOCHS_UNREMARKED = 100
 WHOLE_WARMUP_SECONDS = 2.0
 
 
-def measure_as_the_run_would(model, accelerator, batch: dict, warmup_rows: int, config: Config, expected: float,
-                             console: Console) -> tuple[float, str]:
+def measure_as_the_run_would(model, accelerator, batch: dict, warmup_rows: int, plan: ThreadPlan | None,
+                             expected: float, console: Console) -> tuple[float, str]:
     """(seconds, at which thread count) of one micro-batch: under `train.threads: auto` (when quick enough) timed
     and chosen by the run's own ThreadTuner, as another job on the cores changes which count wins (2 threads took
     0.96 s, 1 thread 0.13 s on a shared 2-core CPU)."""
-    train = config.train
-    plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=accelerator.num_processes,
-                        deterministic=train.deterministic)
     passes = 2 * len(plan.candidates) + 1 if plan is not None else 0  # a warm-up, then two alternated per count
     if plan is None or not plan.auto or expected * passes > QUICK_SECONDS:
         return measure_micro_batch(model, accelerator, batch, warmup_rows), ""
@@ -45,12 +42,9 @@ def measure_as_the_run_would(model, accelerator, batch: dict, warmup_rows: int, 
     return tuner.tokens / tuner.estimate, f"{tuner.threads} thread(s), as train.threads auto would choose"
 
 
-def best_matmul_rate(accelerator, config: Config) -> float:
+def best_matmul_rate(accelerator, plan: ThreadPlan | None) -> float:
     """The matmul rate at the fastest thread count `train.threads: auto` compares: on a busy CPU the default count
     ran 5x slower than one thread (19.5 vs 97 GFLOP/s), so the estimate was skipped or timed at the wrong count."""
-    train = config.train
-    plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=accelerator.num_processes,
-                        deterministic=train.deterministic)
     if plan is None or not plan.auto:
         return matmul_rate(accelerator)
     default, rates = torch.get_num_threads(), []
@@ -122,7 +116,9 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
     train, data = config.train, config.data
     accumulation = train.gradient_accumulation_steps
     flops = training_flops(config.model, micro_batch_size, data.max_seq_length, data.mlm_probability)
-    rate = best_matmul_rate(accelerator, config)
+    plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=accelerator.num_processes,
+                        deterministic=train.deterministic)  # once: it sets a fixed count as it plans
+    rate = best_matmul_rate(accelerator, plan)
     expected = flops / (rate * MATMUL_SHARE)
     shape = f"{micro_batch_size} x {data.max_seq_length} tokens"
     if expected > QUICK_SECONDS:
@@ -141,7 +137,7 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         # Warm up on the whole micro-batch when that is cheap: a first pass at a new shape ran ~10x slower here.
         batch = stream.next()
         warmup_rows = len(batch["input_ids"]) if expected <= WHOLE_WARMUP_SECONDS else 1
-        seconds, threads = measure_as_the_run_would(model, accelerator, batch, warmup_rows, config, expected,
+        seconds, threads = measure_as_the_run_would(model, accelerator, batch, warmup_rows, plan, expected,
                                                     console)
         fault_hooks.fire("STEP_DELAY", 0)  # after the measurement: a slow dry run for the signal test
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as error:
