@@ -70,3 +70,12 @@ def test_data_prepared_without_checksums_cannot_be_verified_and_says_so(tmp_path
     code, out, err = run_cli("inspect", str(tmp_path / "data"), "--verify")
     said = " ".join(err.split())
     assert code == 1 and "keeps no checksum for 4 of 4 shards" in said and "new DATA_DIR" in said, said
+
+
+def test_verify_names_a_missing_shard_file_as_unreadable(tmp_path, run_cli):
+    _prepare(tmp_path)
+    (tmp_path / "data" / "validation" / "shard-00000.sentences.npy").unlink()
+    code, out, err = run_cli("inspect", str(tmp_path / "data"), "--verify")
+    said = " ".join(err.split())
+    assert code == 1 and "1 of 4 shards differ from their checksum: validation/shard-00000 (unreadable: No such " \
+        "file or directory)." in said, said

@@ -38,12 +38,11 @@ def verify_prepared(data_dir: str | Path, console: Any) -> None:
         for split, record in shards:
             name = f"{split}/{record['name']}"
             try:
-                digest = shard_sha256(prepared.path / split, record["name"], version,
-                                      on_bytes=lambda size: progress.advance(task, size))
-            except OSError as error:
-                digest = f"unreadable ({error.strerror or error})"
-            if digest != record["sha256"]:
-                damaged.append(name if len(digest) == 64 else f"{name} {digest}")
+                if shard_sha256(prepared.path / split, record["name"], version,
+                                on_bytes=lambda size: progress.advance(task, size)) != record["sha256"]:
+                    damaged.append(name)
+            except OSError as error:  # a missing or unreadable file
+                damaged.append(f"{name} (unreadable: {error.strerror or error})")
             checked[split][0] += 1
             checked[split][1] += sizes[(split, record["name"])]
     table = Table(title=f"{prepared.path}: shard checksums")

@@ -167,7 +167,8 @@ def resume_preview(request: ResumeRequest, config: Config, prepared, world: int,
                    total_steps: int | None, console: Console) -> str:
     """What the real run would do with RUN_DIR's checkpoints, said without taking its lock or moving anything."""
     if request.resume == "restart":
-        return "The run would move RUN_DIR's checkpoints and metrics aside (--resume restart) and start at step 0."
+        return ("The run would move RUN_DIR's checkpoints, metrics and tokenizer aside (--resume restart) and start "
+                "at step 0.")
     try:
         found = choose_checkpoint(request.resume, request.run_dir, request.trust, console)
         if found is None:
