@@ -10,12 +10,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from bertrain.errors import EXIT_CTRL_C, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE
 from bertrain.files import write_atomic
 
 STATUS_DIR_ENV = "BERTRAIN_EXIT_STATUS_DIR"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,24 +53,33 @@ def record_start() -> None:
         return
     fields = _proc_stat(os.getpid())
     record = {"pid": os.getpid(), "started": int(fields[19]) if fields else None}
-    path = Path(directory) / f"started-{os.getpid()}.json"  # by pid: a process this worker starts has its own
-    try:  # without it, `bertrain launch` only misses this worker if the launcher dies
+    # By pid: a process this worker starts has its own. Without it, `bertrain launch` only misses this worker if the
+    # launcher dies.
+    _write_record(Path(directory) / f"started-{os.getpid()}.json", record, "the start")
+
+
+def _write_record(path: Path, record: dict, what: str) -> None:
+    try:  # a worker's start or exit path must not fail on it: `bertrain launch` falls back without the file
         write_atomic(path, lambda tmp: tmp.write_text(json.dumps(record)))
     except OSError as error:
-        print(f"bertrain: could not record the start in {path}: {error}", file=sys.stderr)
+        print(f"bertrain: could not record {what} in {path}: {error}", file=sys.stderr)
+
+
+def _read_records(directory: Path, pattern: str, make: Callable[[dict], T]) -> list[T]:
+    """`make(record)` of each record file in `directory`; unreadable or malformed files are skipped."""
+    found = []
+    for path in sorted(Path(directory).glob(pattern)):
+        try:
+            found.append(make(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
 
 
 def read_starts(directory: Path) -> list[WorkerStart]:
     """Every worker that recorded its start in `directory`; unreadable files are skipped."""
-    found = []
-    for path in sorted(Path(directory).glob("started-*.json")):
-        try:
-            record = json.loads(path.read_text())
-            started = record.get("started")
-            found.append(WorkerStart(int(record["pid"]), None if started is None else int(started)))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return found
+    return _read_records(directory, "started-*.json", lambda record: WorkerStart(
+        int(record["pid"]), None if record.get("started") is None else int(record["started"])))
 
 
 def is_running(worker: WorkerStart) -> bool:
@@ -95,22 +105,13 @@ def record_exit(code: int) -> None:
     rank = os.environ.get("RANK", "0")
     record = {"rank": int(rank), "code": int(code), "pid": os.getpid(),
               "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
-    path = Path(directory) / f"rank-{rank}.json"
-    try:  # the exit path must not fail: without the file, `bertrain launch` falls back to the launcher's code
-        write_atomic(path, lambda tmp: tmp.write_text(json.dumps(record)))
-    except OSError as error:
-        print(f"bertrain: could not record the exit status in {path}: {error}", file=sys.stderr)
+    _write_record(Path(directory) / f"rank-{rank}.json", record, "the exit status")  # else: the launcher's code
 
 
 def read_exits(directory: Path) -> list[WorkerExit]:
     """Every worker's record in `directory`, by rank; unreadable files are skipped (that worker counts as silent)."""
-    found = []
-    for path in sorted(Path(directory).glob("rank-*.json")):
-        try:
-            record = json.loads(path.read_text())
-            found.append(WorkerExit(int(record["rank"]), int(record["code"]), int(record.get("local_world_size", 1))))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+    found = _read_records(directory, "rank-*.json", lambda record: WorkerExit(
+        int(record["rank"]), int(record["code"]), int(record.get("local_world_size", 1))))
     return sorted(found, key=lambda worker: worker.rank)
 
 
