@@ -126,10 +126,19 @@ def read_run(run_dir: Path, name: str) -> dict:
             "config_diff": _config_diff(config) if config else None,
             "evaluation": [  # the tables `bertrain evaluate --out` wrote under this RUN_DIR
                 [str(p.relative_to(run_dir)), p.read_text(encoding="utf-8", errors="replace")]
-                for p in sorted(run_dir.rglob(rundir.EVALUATION), key=lambda p: (len(p.parts), p))  # any depth
-                if rundir.CHECKPOINTS not in p.relative_to(run_dir).parts],
+                for p in evaluation_tables(run_dir)],
             "train": _series(train, TRAIN_KEYS, tokens_at, ("mlm_loss", "sentence_loss")),
             "eval": _series(evals, EVAL_KEYS, tokens_at)}
+
+
+def evaluation_tables(run_dir: Path) -> list[Path]:
+    """Every results.md under RUN_DIR, at any depth, shallowest first; checkpoints and wandb's files not walked (a
+    long run holds thousands of them)."""
+    found = []
+    for root, folders, files in os.walk(run_dir):
+        folders[:] = [name for name in folders if name not in (rundir.CHECKPOINTS, "wandb")]
+        found += [Path(root) / rundir.EVALUATION] if rundir.EVALUATION in files else []
+    return sorted(found, key=lambda path: (len(path.parts), path))
 
 
 def _marks(records: list[dict], run_dir: Path, notes: list[str]) -> tuple[list[dict], str, dict]:
