@@ -372,3 +372,29 @@ def test_a_folder_named_like_a_shipped_config_does_not_hide_it(tmp_path, monkeyp
     (tmp_path / "mine").mkdir()
     with pytest.raises(ConfigError, match="'mine' is a directory, not a YAML file"):
         load_config("mine")
+
+
+@pytest.mark.parametrize("typed", ["0123", "007", "1.50", "1_000", "12:30", "runs/exp #3", "no", "2024-01-05", "None"])
+def test_a_string_key_keeps_its_override_as_typed(typed):
+    # YAML read them as 83, 7, 1.5, 1000, 750 (base 60), "runs/exp", False, a date and "None": a path or a run name
+    # silently changed, or a refusal ("False is not a valid str | null").
+    config = load_config("tiny_bert", [f"train.output_dir={typed}", f"logging.wandb_run_name={typed}"])
+    assert config.train.output_dir == typed and config.logging.wandb_run_name == typed
+
+
+def test_norwegian_is_a_language_not_false():
+    assert load_recipe("pydoc", ["prepare.sentence_language=no"]).prepare.sentence_language == "no"
+
+
+def test_string_overrides_still_read_null_and_quotes_and_other_keys_read_yaml():
+    config = load_config("tiny_bert", ["logging.wandb_run_name=null", 'data.path="a #b"', "optim.lr=3e-4",
+                                       "optim.betas=[0.9, 0.98]", "model.init_from=~"])
+    assert config.logging.wandb_run_name is None and config.model.init_from is None
+    assert config.data.path == "a #b" and config.optim.lr == 3e-4 and config.optim.betas == [0.9, 0.98]
+
+
+def test_a_section_override_sets_its_keys_and_keeps_the_file_s_others():
+    shipped = load_config("tiny_bert")
+    config = load_config("tiny_bert", ["optim={lr: 3e-4}"])
+    # It replaced the section: tiny_bert's warmup_steps 50 became the default 10000.
+    assert config.optim.lr == 3e-4 and config.optim.warmup_steps == shipped.optim.warmup_steps != 10000

@@ -9,7 +9,8 @@ from bertrain.config.schema import (AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHAR
 from bertrain.config.validate import (ConfigWarning, check_precision_for_device, fit_micro_batch_size,
                                       micro_batch_size_for, validate_model)
 from bertrain.config.yaml_tree import (build_dataclass, describe_yaml, dump_yaml, read_yaml, resolve_config_path,
-                                       flatten, set_dotted, shipped_dir, shipped_files, to_dict)
+                                       flatten, shipped_dir, shipped_files, to_dict)
+from bertrain.config.overrides import set_dotted
 
 __all__ = [
     "AUTO_MIN_PADDED_WIDTH", "AUTO_MIN_PADDING_SHARE", "MAX_AUTO_WORKERS", "Config", "ConfigWarning", "DataConfig",

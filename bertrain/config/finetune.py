@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from bertrain.config.schema import opt
-from bertrain.config.yaml_tree import build_dataclass, parse_override, set_dotted
+from bertrain.config.overrides import parse_override, set_dotted
+from bertrain.config.yaml_tree import build_dataclass
 from bertrain.errors import ConfigError
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from bertrain.config.schema import Config, Recipe
 from bertrain.config.validate import validate
-from bertrain.config.yaml_tree import find_config_path, read_tree, read_yaml, resolve_config_path
+from bertrain.config.overrides import read_tree
+from bertrain.config.yaml_tree import find_config_path, read_yaml, resolve_config_path
 
 
 def load_config(path: str | Path | None, overrides: typing.Iterable[str] = ()) -> Config:

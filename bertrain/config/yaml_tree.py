@@ -211,7 +211,7 @@ def nearest_key(name: str, cls: type, prefix: str = "", root: type | None = None
     return None
 
 
-def _unknown_key_hint(name: str, cls: type, prefix: str, root: type | None) -> str:
+def unknown_key_hint(name: str, cls: type, prefix: str, root: type | None) -> str:
     """' Did you mean 'optim.lr'?' with the nearest valid key, else the list of valid keys."""
     suggestion = nearest_key(name, cls, prefix, root)
     if suggestion is not None:
@@ -224,7 +224,7 @@ def build_dataclass(cls: type, values: dict) -> Any:
     try:
         return _build(cls, values, "")
     except _UnknownKey as unknown:  # worded here, where every section is in view for the suggestion
-        hint = _unknown_key_hint(unknown.name, unknown.cls, unknown.prefix, cls)
+        hint = unknown_key_hint(unknown.name, unknown.cls, unknown.prefix, cls)
         raise ConfigError(f"Unknown config key '{unknown.dotted}'.{hint}") from None
 
 
@@ -257,72 +257,6 @@ def list_item_type(tp: Any) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         tp = args[0] if len(args) == 1 else tp
     return typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
-
-
-def _default_data(cls: type, name: str) -> Any:
-    """A field's default as plain data (what the raw mapping would hold)."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-    return [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value] if isinstance(
-        value, list) else value
-
-
-def _list_index(entries: list, part: str, path: str, dotted: str) -> int:
-    """The entry index `part` names in the list at `path`, or a ConfigError giving the valid range."""
-    valid = f"indexes 0 to {len(entries) - 1}" if entries else "it is empty"
-    if not part.isdigit():
-        raise ConfigError(f"--set {dotted}: '{path}' is a list ({valid}): name an entry by its index, "
-                          f"e.g. {path}.0.{part}=...")
-    if int(part) >= len(entries):
-        count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
-        raise ConfigError(f"--set {dotted}: '{path}' has {count} ({valid}), so index {part} is out of range. "
-                          f"Add entries in the file, or set the whole list: --set '{path}=[...]'.")
-    return int(part)
-
-
-def set_dotted(tree: dict, dotted: str, value: Any, root_cls: type) -> None:
-    """Apply one `section.key=value` override to a raw mapping, validating the path against `root_cls`.
-    A list entry is named by its index: `prepare.sources.0.group_by` (or `prepare.sources[0].group_by`)."""
-    parts = re.sub(r"\[(\w+)\]", r".\1", dotted).split(".")
-    tp: Any = root_cls
-    node: Any = tree
-    for depth, part in enumerate(parts):
-        path = ".".join(parts[: depth + 1])
-        if isinstance(node, list):
-            key, sub = _list_index(node, part, ".".join(parts[:depth]), dotted), list_item_type(tp)
-        else:
-            names = [f.name for f in dataclasses.fields(tp)]
-            if part not in names:
-                hint = _unknown_key_hint(part, tp, ".".join(parts[:depth]), root_cls)
-                raise ConfigError(f"Unknown config key '{path}' (in --set {dotted}=...).{hint}")
-            key, sub = part, typing.get_type_hints(tp)[part]
-        if depth == len(parts) - 1:
-            node[key] = value
-            return
-        if dataclasses.is_dataclass(sub):
-            child = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
-            kind = "a mapping"
-        elif list_item_type(sub) is not None:
-            if isinstance(node, dict) and node.get(key) is None:
-                node[key] = _default_data(tp, key) or []
-            child, kind = node[key], "a list"
-        else:
-            raise ConfigError(f"--set {dotted}: '{path}' is a value, not a section.")
-        if not isinstance(child, dict if kind == "a mapping" else list):
-            raise ConfigError(f"--set {dotted}: '{path}' is not {kind} in the config file.")
-        tp, node = sub, child
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split `a.b=value`; the value is read as YAML (so `null`, `3e-4`, `[0.9, 0.98]` work)."""
-    if "=" not in text:
-        raise ConfigError(f"Override '{text}' must look like section.key=value (e.g. optim.lr=3e-4).")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
 
 
 def shipped_dir(kind: str) -> Path:
@@ -370,17 +304,6 @@ def resolve_config_path(name: str | Path, kind: str = "configs") -> Path:
     raise ConfigError(
         f"Config file '{name}' {what}, and no shipped {kind} file has that name.{hint} "
         f"Shipped: {', '.join(available) or 'none'}.")
-
-
-def read_tree(cls: type, path: str | Path | None, overrides: typing.Iterable[str] = (), kind: str = "configs") -> Any:
-    """A YAML file (or nothing) plus `section.key=value` overrides built into the dataclass tree `cls`."""
-    tree: dict = {}
-    if path is not None:
-        tree = read_yaml(resolve_config_path(path, kind))
-    for text in overrides:
-        key, value = parse_override(text)
-        set_dotted(tree, key, value, cls)
-    return build_dataclass(cls, tree)
 
 
 def to_dict(config: Any) -> dict:
