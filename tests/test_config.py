@@ -398,3 +398,30 @@ def test_a_section_override_sets_its_keys_and_keeps_the_file_s_others():
     config = load_config("tiny_bert", ["optim={lr: 3e-4}"])
     # It replaced the section: tiny_bert's warmup_steps 50 became the default 10000.
     assert config.optim.lr == 3e-4 and config.optim.warmup_steps == shipped.optim.warmup_steps != 10000
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lr=inf", "optim.lr"), ("optim.eps=.inf", "optim.eps"), ("train.seed=-1", "train.seed"),
+    ("train.seed=1e20", "train.seed"), ("model.type_vocab_size=1", "model.type_vocab_size")])
+def test_values_that_failed_later_are_refused_naming_the_key(override, key):
+    # lr=inf trained (a dry run estimated it); the seeds and one token type failed at the first batch, exit 1.
+    with pytest.raises(ConfigError, match=re.escape(f"Config key '{key}' must be")):
+        load_config("tiny_bert", [override])
+
+
+@pytest.mark.parametrize("override, key", [
+    ("prepare.max_line_chars=0", "prepare.max_line_chars"), ("prepare.sources.0.max_documents=0",
+                                                             "prepare.sources.0.max_documents"),
+    ("tokenizer.min_frequency=-1", "tokenizer.min_frequency"), ("tokenizer.max_bytes=0", "tokenizer.max_bytes")])
+def test_recipe_values_that_failed_while_preparing_are_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=re.escape(f"Config key '{key}' must be")):
+        load_recipe("pydoc", [override])
+
+
+def test_a_config_file_that_is_not_utf8_names_the_line(tmp_path, run_cli):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"optim:\n  lr: 2e-4  # caf\xe9\n")
+    code, out, err = run_cli("config", "show", str(path))
+    said = " ".join(err.split())
+    # It was "Error: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9 ...", exit 1.
+    assert code == 2 and f"{path}, line 2: byte 0xe9 is not UTF-8" in said and "Traceback" not in err, said

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 from typing import Any
 
 from bertrain.config.schema import Config, DataConfig, ModelConfig, OptimConfig, Recipe, TrainConfig
+from bertrain.config.yaml_tree import flatten
 from bertrain.errors import ConfigError
 
 
@@ -15,10 +18,13 @@ class ConfigWarning(UserWarning):
 
 _POSITIVE_MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                         "max_position_embeddings", "num_hidden_groups", "inner_group_num")
+SEEDS = 2 ** 32  # numpy's and torch's seeds are below it
 
 
 def validate(config: Any) -> None:
     """Cross-field checks of a config or recipe: ConfigError naming the key, or a ConfigWarning once."""
+    for key, value in flatten(dataclasses.asdict(config), lists=True).items():  # `optim.lr=inf` ran before
+        _require(not isinstance(value, float) or math.isfinite(value), key, "a finite number", value)
     if isinstance(config, Config):
         validate_model(config.model)
         _validate_data(config.data, config.model)
@@ -47,6 +53,9 @@ def validate_model(model: ModelConfig) -> None:
     for key in _POSITIVE_MODEL_KEYS:
         if getattr(model, key) < 1:  # checked first: the divisibility checks below divide by them
             raise ConfigError(f"model.{key} must be at least 1, got {getattr(model, key)}.")
+    # A pair's segment B has type id 1: one type made the embedding lookup fail at the first batch (IndexError).
+    _require(model.type_vocab_size >= 2, "model.type_vocab_size", "at least 2 (segments A and B)",
+             model.type_vocab_size)
     if model.hidden_size % model.num_attention_heads:
         raise ConfigError(
             f"model.hidden_size ({model.hidden_size}) must be divisible by model.num_attention_heads "
@@ -93,6 +102,7 @@ def _validate_train(train: TrainConfig) -> None:
             f"({train.gradient_accumulation_steps}).")
     if train.max_steps is None and train.max_tokens is None:
         raise ConfigError("Set a budget: train.max_steps or train.max_tokens.")
+    _require(0 <= train.seed < SEEDS, "train.seed", f"in [0, {SEEDS - 1}]", train.seed)
     for key in ("max_steps", "max_tokens", "stop_at_step"):  # 0 "finished" at once and saved nothing
         value = getattr(train, key)
         _require(value is None or value >= 1, f"train.{key}", "at least 1 (or null)", value)
@@ -147,6 +157,14 @@ def _validate_recipe(recipe: Recipe) -> None:
         raise ConfigError("prepare.validation_fraction must be in [0, 1).")
     if recipe.prepare.num_shards < 1 or recipe.prepare.workers < 1:
         raise ConfigError("prepare.num_shards and prepare.workers must be at least 1.")
+    for key in ("max_line_chars", "min_sentence_chars", "max_document_chars"):  # 0 crashed in range() at reading
+        _require(getattr(recipe.prepare, key) >= 1, f"prepare.{key}", "at least 1", getattr(recipe.prepare, key))
+    for index, source in enumerate(recipe.prepare.sources):  # 0 read every document
+        _require(source.max_documents is None or source.max_documents >= 1, f"prepare.sources.{index}.max_documents",
+                 "at least 1 (or null: all)", source.max_documents)
+    tokenizer = recipe.tokenizer
+    _require(tokenizer.min_frequency >= 0, "tokenizer.min_frequency", "at least 0", tokenizer.min_frequency)
+    _require(tokenizer.max_bytes >= 1, "tokenizer.max_bytes", "at least 1", tokenizer.max_bytes)
     language = recipe.prepare.sentence_language
     _require(language is None or (isinstance(language, str) and language.isalpha() and language.islower()
                                   and 2 <= len(language) <= 3),

@@ -42,6 +42,10 @@ def read_yaml(path: str | Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"Cannot read config file {path}: {error.strerror}.") from None
+    except UnicodeDecodeError as error:  # a Latin-1 comment: say where, as for a YAML error
+        line = error.object[:error.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: byte 0x{error.object[error.start]:02x} is not UTF-8. Save the file "
+                          "as UTF-8 (or remove the character).") from None
     loader = _StrictLoader(text)
     loader.name = str(path)
     try:
