@@ -306,3 +306,16 @@ def test_a_job_array_task_says_how_many_shards_of_each_split_are_left(tmp_path):
     result = prepare_corpus(recipe, tmp_path / "data", shard_index=0, console=console)
     assert result["pending_shards"] == ["train/shard-00001"]
     assert "Shard 0 done; 1 shard(s) still to do (1 train)." in console.file.getvalue()
+
+
+def test_source_and_a_set_of_the_source_path_together_are_refused(run_cli, tmp_path):
+    (tmp_path / "a.txt").write_text(SENTENCES)
+    (tmp_path / "b.txt").write_text(SENTENCES)
+    code, out, err = run_cli("prepare", "--source", str(tmp_path / "a.txt"), "--set",
+                             f"prepare.sources.0.path={tmp_path / 'b.txt'}", "--out", str(tmp_path / "data"))
+    # The --set won silently: a.txt was never read, exit 0.
+    assert code == 2 and "give them one way" in " ".join(err.split()) and not (tmp_path / "data").exists()
+    code, out, err = run_cli("prepare", "--source", str(tmp_path / "a.txt"), "--set",
+                             "prepare.sources.0.max_documents=5", "--set", "prepare.num_shards=1", "--vocab-size",
+                             "200", "--out", str(tmp_path / "data"))
+    assert code == 0, err  # a setting of the --source entry is no second input

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Optional
@@ -35,6 +36,10 @@ def _overrides(recipe: Optional[str], sets: Optional[list[str]], sources: Option
                **keys: object) -> list[str]:
     """Turn flags into `section.key=value` overrides (flags win over the recipe, --set wins over flags)."""
     overrides = []
+    names_inputs = re.compile(r"\s*prepare\.sources(\s*=|\.\d+\.path\s*=|\[\d+\]\.path\s*=)")
+    replaced = [text for text in sets or [] if names_inputs.match(text)]
+    if sources and replaced:  # the --set won silently: the --source files were never read
+        raise typer.BadParameter(f"--source and --set {replaced[0]} both name the input files: give them one way.")
     if sources:
         overrides.append("prepare.sources=" + json.dumps(_sources_with_recipe_settings(recipe, sources)))
     for dotted, value in keys.items():
