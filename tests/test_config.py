@@ -425,3 +425,8 @@ def test_a_config_file_that_is_not_utf8_names_the_line(tmp_path, run_cli):
     said = " ".join(err.split())
     # It was "Error: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9 ...", exit 1.
     assert code == 2 and f"{path}, line 2: byte 0xe9 is not UTF-8" in said and "Traceback" not in err, said
+
+
+def test_python_s_none_for_a_nullable_number_says_how_yaml_writes_it():
+    with pytest.raises(ConfigError, match=re.escape("'None' is not a valid int | null (YAML's none is null or ~).")):
+        load_config("tiny_bert", ["train.max_tokens=None"])

@@ -163,7 +163,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return _SCALARS[tp](value)
         raise _Mismatch
     except _Mismatch:
-        raise ConfigError(f"Config key '{key}': {value!r} is not a valid {type_name(tp)}.") from None
+        hint = " (YAML's none is null or ~)" if str(value).lower() == "none" and "null" in type_name(tp) else ""
+        raise ConfigError(f"Config key '{key}': {value!r} is not a valid {type_name(tp)}{hint}.") from None
 
 
 class _UnknownKey(Exception):
