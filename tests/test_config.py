@@ -430,3 +430,11 @@ def test_a_config_file_that_is_not_utf8_names_the_line(tmp_path, run_cli):
 def test_python_s_none_for_a_nullable_number_says_how_yaml_writes_it():
     with pytest.raises(ConfigError, match=re.escape("'None' is not a valid int | null (YAML's none is null or ~).")):
         load_config("tiny_bert", ["train.max_tokens=None"])
+
+
+def test_config_show_suggests_the_nearest_config_or_recipe(run_cli):
+    # It looked in the recipes only: "tiny_bret" got a list of recipes and no suggestion.
+    code, _, err = run_cli("config", "show", "tiny_bret")
+    assert code == 2 and "Did you mean 'tiny_bert'?" in " ".join(err.split())
+    code, _, err = run_cli("config", "show", "pydok")
+    assert code == 2 and "Did you mean 'pydoc'?" in " ".join(err.split())

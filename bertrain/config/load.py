@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import typing
 from pathlib import Path
 
 from bertrain.config.schema import Config, Recipe
 from bertrain.config.validate import validate
 from bertrain.config.overrides import read_tree
-from bertrain.config.yaml_tree import find_config_path, read_yaml, resolve_config_path
+from bertrain.config.yaml_tree import find_config_path, read_yaml, resolve_config_path, shipped_files
 
 
 def load_config(path: str | Path | None, overrides: typing.Iterable[str] = ()) -> Config:
@@ -27,6 +28,9 @@ def load_recipe(path: str | Path | None, overrides: typing.Iterable[str] = ()) -
 
 def load_config_or_recipe(name: str | Path, overrides: typing.Iterable[str] = ()) -> tuple[Path, Config | Recipe]:
     """(its file, the config or recipe) by file or shipped name; a file with a `prepare` section is a recipe."""
-    path = find_config_path(name) or resolve_config_path(name, kind="data_recipes")
+    shipped = {kind: [p.stem for p in shipped_files(kind)] for kind in ("configs", "data_recipes")}
+    close = difflib.get_close_matches(Path(name).stem, shipped["configs"] + shipped["data_recipes"], n=1)
+    nearest = "configs" if close and close[0] in shipped["configs"] else "data_recipes"  # its error suggests it
+    path = find_config_path(name) or find_config_path(name, "data_recipes") or resolve_config_path(name, nearest)
     loader = load_recipe if "prepare" in read_yaml(path) else load_config
     return path, loader(path, overrides)
