@@ -438,3 +438,11 @@ def test_config_show_suggests_the_nearest_config_or_recipe(run_cli):
     assert code == 2 and "Did you mean 'tiny_bert'?" in " ".join(err.split())
     code, _, err = run_cli("config", "show", "pydok")
     assert code == 2 and "Did you mean 'pydoc'?" in " ".join(err.split())
+
+
+@pytest.mark.parametrize("typed, meant", [("data.mlm_prob", "data.mlm_probability"), ("optim.LR", "optim.lr"),
+                                          ("train.batch", "train.batch_size")])
+def test_a_key_s_start_or_other_case_suggests_that_key(typed, meant):
+    # `data.mlm_prob` suggested data.mask_prob, the 80% [MASK] share: following it changed the wrong setting.
+    with pytest.raises(ConfigError, match=re.escape(f"Did you mean '{meant}'?")):
+        load_config("tiny_bert", [f"{typed}=1"])

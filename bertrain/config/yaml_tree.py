@@ -204,6 +204,10 @@ def nearest_key(name: str, cls: type, prefix: str = "", root: type | None = None
     for dotted, f in elsewhere:
         if name == f.name or name in f.metadata.get("aliases", ()):
             return dotted
+    # Another case (`LR`), or the start of one key (`mlm_prob`, which difflib took for `mask_prob`), before spelling.
+    start = [key for key in names if key == name.lower()] or [key for key in names if key.startswith(name.lower())]
+    if len(start) == 1 and len(name) >= 2:
+        return _join(prefix, start[0])
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     if close:
         return _join(prefix, close[0])
