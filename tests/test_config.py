@@ -398,6 +398,8 @@ def test_a_section_override_sets_its_keys_and_keeps_the_file_s_others():
     config = load_config("tiny_bert", ["optim={lr: 3e-4}"])
     # It replaced the section: tiny_bert's warmup_steps 50 became the default 10000.
     assert config.optim.lr == 3e-4 and config.optim.warmup_steps == shipped.optim.warmup_steps != 10000
+    source = load_recipe("pydoc", ["prepare.sources.0={max_documents: 5}"]).prepare.sources[0]  # a list entry too
+    assert source.max_documents == 5 and source.path == "pydoc_data.topics"
 
 
 @pytest.mark.parametrize("override, key", [

@@ -56,7 +56,8 @@ def set_dotted(tree: dict, dotted: str, value: Any, root_cls: type) -> None:
             key, sub = part, typing.get_type_hints(tp)[part]
         if depth == len(parts) - 1:
             value = _read_for(value, sub)
-            if dataclasses.is_dataclass(sub) and isinstance(value, dict) and isinstance(node.get(key), dict):
+            if dataclasses.is_dataclass(sub) and isinstance(value, dict) and isinstance(node[key] if isinstance(
+                    node, list) else node.get(key), dict):
                 value = {**node[key], **value}  # `--set optim={lr: 3e-4}` sets those keys, not the whole section
             node[key] = value
             return
@@ -96,7 +97,7 @@ def _read_for(value: Any, tp: Any) -> Any:
     text = value.strip()
     quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'"  # a quoted string (JSON's, a shell's)
     if str in args and all(arg in (str, type(None)) for arg in args) and not quoted:
-        return None if type(None) in args and text in ("null", "Null", "NULL", "~") else str(value)
+        return None if type(None) in args and text in ("null", "Null", "NULL", "~") else text
     try:
         return yaml.safe_load(value) if text else ""
     except yaml.YAMLError:
