@@ -51,8 +51,8 @@ def normalizer_settings(tokenizer: Tokenizer) -> dict[str, bool]:
     data = json.loads(tokenizer.to_str())
     steps = _normalizers(data.get("normalizer"))
     lowercase = any(step.get("type") == "Lowercase" or step.get("lowercase") for step in steps)
-    strip = any(step.get("type") == "StripAccents" or step.get("strip_accents")
-                or (step.get("type") == "BertNormalizer" and step.get("strip_accents") is None and step.get("lowercase"))
+    strip = any(step.get("type") == "StripAccents" or step.get("strip_accents") or (  # BERT's null follows lowercase
+        step.get("type") == "BertNormalizer" and step.get("strip_accents") is None and step.get("lowercase"))
                 for step in steps)
     if data.get("model", {}).get("type") == "Unigram":
         return {"do_lower_case": lowercase, "keep_accents": not strip}

@@ -22,8 +22,9 @@ def pretrain(
     resume: str = typer.Option("auto", "--resume", metavar="MODE|PATH",
                                help="auto: continue from RUN_DIR's newest valid checkpoint (an error when it has "
                                     "checkpoints but none is valid); never: refuse a non-empty RUN_DIR; restart: "
-                                    "move RUN_DIR's checkpoints, metrics and tokenizer to RUN_DIR/old-<time>/ (nothing is "
-                                    "deleted) and start from step 0; or a checkpoint directory (or another RUN_DIR)."),
+                                    "move RUN_DIR's checkpoints, metrics and tokenizer to RUN_DIR/old-<time>/ "
+                                    "(nothing is deleted) and start from step 0; or a checkpoint directory (or "
+                                    "another RUN_DIR)."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     trust_checkpoint: bool = typer.Option(
         False, "--trust-checkpoint", help="Resume from an older-format checkpoint (optimizer.pt, rng-rank*.pt: "
