@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import IO, Any, Callable, Optional
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -30,6 +32,18 @@ def set_parent_death_signal(sig: int = signal.SIGTERM, prctl: Optional[Callable[
     `prctl` (from `libc_prctl()`) when calling between fork and exec, where nothing may be loaded."""
     prctl = prctl or libc_prctl()
     return prctl is not None and prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def on_parent_death(parent: int, then: Callable[[], None], poll_seconds: float) -> None:
+    """Start a daemon thread that calls `then` once this process's parent is no longer `parent` (where the kernel's
+    parent-death signal is not available, or not wanted). `parent` comes from the parent itself when a process may
+    start after the death: it then sees another parent, and `then` runs at once."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        then()
+
+    threading.Thread(target=watch, name="bertrain-parent-watch", daemon=True).start()
 
 
 def run_forwarding_signals(command: list[str], signals: tuple[int, ...], *, to_group: bool = False,

@@ -180,6 +180,11 @@ def exclusive_lock(path: Path, *, wait: bool) -> Iterator[None]:
         handle.close()  # closing releases the flock
 
 
+def tree_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (symlinks not followed: their targets are counted where they lie)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def free_disk_bytes(path: Path) -> int:
     """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
     path = Path(path).resolve()

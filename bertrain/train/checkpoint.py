@@ -26,7 +26,7 @@ from bertrain.console import human_bytes
 from bertrain.data.format import PreparedData
 from bertrain.errors import BertrainError, ConfigError, DataError, UsageError
 from bertrain.files import (LockHeld, describe_write_failure, exclusive_lock, file_sha256, free_disk_bytes,
-                            fsync_path, write_atomic)
+                            fsync_path, tree_bytes, write_atomic)
 from bertrain.model import load_weights, save_weights
 from bertrain.train import fault_hooks
 from bertrain.train.legacy_checkpoint import check_legacy_files, load_legacy
@@ -127,7 +127,7 @@ def remove_checkpoint(path: Path) -> None:
 def remove_leftovers(run_dir: Path, newest: Path | None, console) -> None:
     """Delete what interrupted removals left (rundir.removal_leftovers) and say so in one line (rank 0, locked)."""
     try:
-        leftovers = [(path, _tree_bytes(path)) for path in rundir.removal_leftovers(run_dir, newest)]
+        leftovers = [(path, tree_bytes(path)) for path in rundir.removal_leftovers(run_dir, newest)]
     except OSError:  # tidying up never stops a run (rank 0 raising alone would leave the other ranks waiting)
         return
     for path, _ in leftovers:
@@ -140,10 +140,6 @@ def remove_leftovers(run_dir: Path, newest: Path | None, console) -> None:
     if kept:
         console.print(f"[yellow]Could not remove[/] {', '.join(kept)}: delete by hand to free the space",
                       highlight=False)
-
-
-def _tree_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def rng_state() -> dict:

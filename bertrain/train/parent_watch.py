@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from typing import Callable, Optional
 
-from bertrain.child_process import set_parent_death_signal
+from bertrain.child_process import on_parent_death, set_parent_death_signal
 
 LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK")  # set by torchrun and accelerate launch for each worker
 POLL_SECONDS = 1.0
@@ -23,12 +21,6 @@ def started_by_launcher() -> bool:
 
 def _terminate_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _poll_parent(parent: int, on_orphaned: Callable[[], None], poll_seconds: float) -> None:
-    while os.getppid() == parent:
-        time.sleep(poll_seconds)
-    on_orphaned()
 
 
 def watch_parent(on_orphaned: Optional[Callable[[], None]] = None, *, poll_seconds: float = POLL_SECONDS) -> bool:
@@ -48,6 +40,5 @@ def watch_parent(on_orphaned: Optional[Callable[[], None]] = None, *, poll_secon
             _terminate_self()
         return True
     # A parent pid of 1 is no sign of orphaning: in a container the launcher itself may be pid 1.
-    threading.Thread(target=_poll_parent, args=(parent, on_orphaned or _terminate_self, poll_seconds),
-                     name="bertrain-parent-watch", daemon=True).start()
+    on_parent_death(parent, on_orphaned or _terminate_self, poll_seconds)
     return True

@@ -9,10 +9,11 @@ import os
 import queue as queue_module
 import signal
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
+from bertrain.child_process import on_parent_death
 
 _progress_queue = None  # where report_progress puts amounts: the pool's queue in a worker, or a callback
 
@@ -20,19 +21,11 @@ _progress_queue = None  # where report_progress puts amounts: the pool's queue i
 PARENT_CHECK_SECONDS = 1.0
 
 
-def _exit_with_parent(parent: int) -> None:
-    """End this worker once its parent is gone (`kill -9` of prepare): an orphan would go on writing shards
-    beside the next run's workers."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_CHECK_SECONDS)
-    os._exit(1)
-
-
 def _init_worker(queue: Any, parent: int) -> None:
     global _progress_queue
     _progress_queue = queue
-    # `parent` from the parent itself: a worker that starts after its death sees another parent and ends at once
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    # Ends once prepare is gone (`kill -9`): an orphan would go on writing shards beside the next run's workers.
+    on_parent_death(parent, lambda: os._exit(1), PARENT_CHECK_SECONDS)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; parallelism is the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # then let it in: a Ctrl-C since the start is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -15,6 +15,7 @@ from bertrain.data.prepare.documents import DOCUMENT_SKIPS
 from bertrain.data.prepare.empty_corpus import WRONG_ENCODINGS, skip_reason
 from bertrain.data.prepare.normalization import normalization_row_and_warning
 from bertrain.data.sentences import EXTRAS
+from bertrain.files import tree_bytes
 
 # Counts shown in the closing table only when nonzero, with their labels.
 OPTIONAL_ROWS = (("records_read", "records read (grouped by group_by)"),
@@ -47,10 +48,6 @@ def token_rate_row(stats: dict[str, Any], counts: dict[str, Any]) -> tuple[str, 
     segmented = counts.get("documents_segmented_zh", 0) + counts.get("documents_segmented_ja", 0)
     words = f"; words of {segmented:,} zh/ja documents by their segmenter" if segmented else ""
     return f"tokens per word ({where}{words})", f"{stats.get('tokens_per_word', 0):.3f}"
-
-
-def directory_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _count_rows(manifest: dict[str, Any]) -> list[tuple[str, int]]:
@@ -131,7 +128,7 @@ def report(manifest: dict[str, Any], out: Path, console: Any, seconds: float, ti
     table.add_row(*token_rate_row(stats, manifest.get("counts", {})))
     normalization_row, warnings = normalization_row_and_warning(manifest["counts"], stats)
     table.add_row(*normalization_row)
-    table.add_row("output size", f"{directory_bytes(out) / 1e6:,.1f} MB")
+    table.add_row("output size", f"{tree_bytes(out) / 1e6:,.1f} MB")
     table.add_row("time", f"{seconds:,.1f} s" + (" (" + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()) + ")"
                                                    if timings else ""))
     console.print(table)
