@@ -334,6 +334,9 @@ def test_set_names_a_list_entry_by_its_index(tmp_path):
                                     r"Did you mean 'prepare\.sources\.0\.group_by'"),
     ("prepare.group_by=x", r"Did you mean 'prepare\.sources\.0\.group_by'"),
     ("prepare.sources.0.path.x=1", r"'prepare\.sources\.0\.path' is a value, not a section"),
+    # It suggested "e.g. prepare.sources.0.-1=...".
+    ("prepare.sources.-1.group_by=x", r"indexes count from 0, not from the end: the last entry is "
+                                      r"prepare\.sources\.1\."),
 ])
 def test_bad_indexed_keys_name_the_valid_range_or_key(tmp_path, override, message):
     path = write(tmp_path, "prepare:\n  sources:\n    - {path: a.jsonl}\n    - {path: b.jsonl}\n")
@@ -448,3 +451,39 @@ def test_a_key_s_start_or_other_case_suggests_that_key(typed, meant):
     # `data.mlm_prob` suggested data.mask_prob, the 80% [MASK] share: following it changed the wrong setting.
     with pytest.raises(ConfigError, match=re.escape(f"Did you mean '{meant}'?")):
         load_config("tiny_bert", [f"{typed}=1"])
+
+
+@pytest.mark.parametrize("typed, meant", [("data.objective=NSP", "nsp"), ("model.hidden_act=GELU", "gelu")])
+def test_a_choice_in_another_case_suggests_the_choice(typed, meant):
+    with pytest.raises(ConfigError, match=re.escape(f"Did you mean '{meant}'?")):  # difflib saw no match for NSP
+        load_config("tiny_bert", [typed])
+
+
+def test_an_empty_section_reads_as_no_keys(tmp_path):
+    # `model:` with its keys commented out is YAML's null: "must be a mapping of ModelConfig keys, not None".
+    path = write(tmp_path, "model:\n  # hidden_size: 128\ntrain:\n  max_steps: 7\n")
+    config = load_config(path, ["model.num_hidden_layers=3", "optim.warmup_steps=1"])
+    assert config.model.num_hidden_layers == 3 and config.model.hidden_size == ModelConfig().hidden_size
+    assert config.train.max_steps == 7
+
+
+def test_yaml_merge_keys_share_settings_and_explicit_keys_win(tmp_path):
+    # The duplicate-key loader refused `<<: *anchor` ("could not determine a constructor for the tag ...merge").
+    path = write(tmp_path, """
+        prepare:
+          sources:
+            - &shared {path: a.txt, format: text, max_documents: 5}
+            - <<: *shared
+              path: b.txt
+        """)
+    first, second = load_recipe(path).prepare.sources
+    assert (second.path, second.format, second.max_documents) == ("b.txt", "text", 5) and first.path == "a.txt"
+    with pytest.raises(ConfigError, match="duplicate key 'path'"):  # a key given twice beside the merge still is
+        load_recipe(write(tmp_path, "prepare:\n  sources:\n    - {path: a.txt, path: b.txt}\n", "d.yaml"))
+
+
+def test_an_empty_run_directory_is_refused():
+    # It wrote checkpoints, metrics.jsonl and the config into whatever the current directory was.
+    with pytest.raises(ConfigError, match=re.escape("Config key 'train.output_dir' must be a directory")):
+        load_config("tiny_bert", ["train.output_dir="])
+    assert load_config("tiny_bert", ["train.output_dir=."]).train.output_dir == "."

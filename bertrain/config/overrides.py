@@ -28,6 +28,9 @@ def _default_data(cls: type, name: str) -> Any:
 def _list_index(entries: list, part: str, path: str, dotted: str) -> int:
     """The entry index `part` names in the list at `path`, or a ConfigError giving the valid range."""
     valid = f"indexes 0 to {len(entries) - 1}" if entries else "it is empty"
+    if re.fullmatch(r"-\d+", part) and entries:
+        raise ConfigError(f"--set {dotted}: '{path}' is a list ({valid}); indexes count from 0, not from the end: "
+                          f"the last entry is {path}.{len(entries) - 1}.")
     if not part.isdigit():
         raise ConfigError(f"--set {dotted}: '{path}' is a list ({valid}): name an entry by its index, "
                           f"e.g. {path}.0.{part}=...")
@@ -109,6 +112,10 @@ def read_tree(cls: type, path: str | Path | None, overrides: typing.Iterable[str
     tree: dict = {}
     if path is not None:
         tree = read_yaml(resolve_config_path(path, kind))
+    hints = typing.get_type_hints(cls)
+    for name, value in tree.items():  # `model:` with every key commented out is YAML's null: no keys, not an error
+        if value is None and dataclasses.is_dataclass(hints.get(name)):
+            tree[name] = {}
     for text in overrides:
         key, value = parse_override(text)
         set_dotted(tree, key, value, cls)

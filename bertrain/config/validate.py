@@ -102,6 +102,8 @@ def _validate_train(train: TrainConfig) -> None:
             f"({train.gradient_accumulation_steps}).")
     if train.max_steps is None and train.max_tokens is None:
         raise ConfigError("Set a budget: train.max_steps or train.max_tokens.")
+    _require(train.output_dir.strip() != "", "train.output_dir", "a directory such as runs/my-run (`.` for this one)",
+             train.output_dir)  # empty wrote checkpoints and metrics into whatever the current directory was
     _require(0 <= train.seed < SEEDS, "train.seed", f"in [0, {SEEDS - 1}]", train.seed)
     for key in ("max_steps", "max_tokens", "stop_at_step"):  # 0 "finished" at once and saved nothing
         value = getattr(train, key)

@@ -23,6 +23,8 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here, not duplicates
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise ConfigError(
@@ -120,7 +122,8 @@ def _coerce_literal(value: Any, choices: tuple, key: str) -> Any:
             return spelled[0]
     if value in choices and not isinstance(value, bool):
         return value
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    same_letters = [str(c) for c in choices if str(c).lower() == str(value).lower()]  # `NSP`: difflib sees no match
+    close = same_letters or difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     raise ConfigError(f"Config key '{key}': {value!r} is not one of {', '.join(map(repr, choices))}.{hint}")
 
