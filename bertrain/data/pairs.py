@@ -27,7 +27,8 @@ differs from Google's, on purpose:
         (`pair_chunks.random_b`): the rest of a chunk from a uniform sentence, at the end of a document where the
         positive's ended with its document, one sentence too long to fit where the positive's did not fit, ending
         on . ! ? where the positive's did (adjacent sentences end alike, e.g. "for example:" then code; Google's
-        truncation hid that, whole sentences show it: +2.8 points on the demo's text at seq 128 without this).
+        truncation hid that, whole sentences show it: +2.8 points on the demo's text at seq 128 without this);
+        where no such B turns up (~1 in 1,000 negatives), the positive's B stays, with no sentence label.
       - one-sentence windows have no second segment: they are cut at a uniform token and get sentence label -100
         (MLM only); Google makes them NSP negatives, so "A is a whole short document" gave the label away.
   * NSP: the random document is never A's own (Google retries 10 times); the put-back of a negative's unused
@@ -171,9 +172,12 @@ def _instances(index: SplitIndex, planned: SplitIndex, chunks: dict, nonempty: n
                                                     np.where(b_length[rows] > room, b_length[rows],
                                                              target[rows] - a_length[rows]), tail, room, max_tokens,
                                                     b_final)
+        found = other >= 0
+        labelled[rows[~found]] = negative[rows[~found]] = False   # no B by the rules (~1 in 1,000): MLM only
+        rows, random_first, random_end = rows[found], random_first[found], random_end[found]
         b_start[rows] = sentence_start[random_first]
         b_length[rows] = cum[random_end + 1] - cum[random_first]
-        b_document[rows] = other
+        b_document[rows] = other[found]
     else:  # SOP: the negative swaps the whole segments, before truncation
         a_start, b_start = np.where(negative, b_start, a_start), np.where(negative, a_start, b_start)
         a_length, b_length = np.where(negative, b_length, a_length), np.where(negative, a_length, b_length)
