@@ -25,7 +25,8 @@ import yaml
 from safetensors.torch import load_file
 
 from bertrain.data.format import open_prepared, token_dtype_for, write_manifest, write_shard
-from bertrain.data.masking import word_start_table
+from bertrain.data.masking import word_tables
+from bertrain.data.word_units import word_starts_for
 from bertrain.data.prepare.documents import unaccounted_documents
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,8 +264,7 @@ def make_prepared_dir(path: str | Path, kind: str = "wordpiece", num_documents: 
         {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
          **{f"{name}_token": value for name, value in strings.items()}}, indent=2))
     dtype = token_dtype_for(tokenizer.get_vocab_size())
-    word_start = word_start_table(str(tokenizer_dir / "tokenizer.json"), kind, WORD_MARKERS[kind],
-                                  tokenizer.get_vocab_size())
+    tables = word_tables(str(tokenizer_dir / "tokenizer.json"), kind, WORD_MARKERS[kind], tokenizer.get_vocab_size())
 
     splits = {}
     for split_name, docs, shard_count in (("train", train, num_shards), ("validation", validation, 1)):
@@ -277,8 +277,10 @@ def make_prepared_dir(path: str | Path, kind: str = "wordpiece", num_documents: 
             sentence_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             per_doc = np.array([len(docs[d]) for d in shard_docs], dtype=np.int64)
             document_offsets = np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64)
+            starts, _ = word_starts_for(sentences, [None] * len(sentences), tokens.astype(np.int64), lengths, {},
+                                        tables, None)   # prepare's rule, for spaced text
             records.append(write_shard(path / split_name, f"shard-{shard_number:05d}", tokens,
-                                       sentence_offsets, document_offsets, word_start[tokens.astype(np.int64)]))
+                                       sentence_offsets, document_offsets, starts))
         splits[split_name] = {"shards": records, **{k: sum(r[k] for r in records)
                                                     for k in ("documents", "sentences", "tokens")}}
     tokenizer_bytes = (tokenizer_dir / "tokenizer.json").read_bytes()

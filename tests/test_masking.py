@@ -7,6 +7,7 @@ spans, from the per-word variance) in each test.
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import numpy as np
 import pytest
@@ -97,8 +98,12 @@ def words_of(ids: np.ndarray, special: np.ndarray, kind: str, data_dir) -> np.nd
     strings = {i: tokenizer.id_to_token(i) for i in np.unique(ids).tolist()}
     if kind == "wordpiece":
         starts_word = np.vectorize(lambda t: not strings[t].startswith("##"))(ids)
-    else:
-        starts_word = np.vectorize(lambda t: strings[t].startswith("▁"))(ids)
+    else:  # "▁" starts a word; so does punctuation, and the piece after it, as ALBERT's and WordPiece's rules
+        punctuation = np.vectorize(lambda t: strings[t].strip("▁") != "" and all(
+            unicodedata.category(c).startswith(("P", "S")) for c in strings[t].strip("▁")))(ids)
+        starts_word = np.vectorize(lambda t: strings[t].startswith("▁"))(ids) | punctuation
+        starts_word[:, 1:] |= punctuation[:, :-1]
+        starts_word[:, 1:] &= np.vectorize(lambda t: strings[t] != "▁")(ids[:, :-1])   # "▁" "$": one word
     previous_special = np.ones_like(special)
     previous_special[:, 1:] = special[:, :-1]
     starts = starts_word | special | previous_special

@@ -38,7 +38,8 @@ class DataConfig:
                               aliases=("seq_len", "seq_length", "max_length", "sequence_length"))
     short_seq_prob: float = opt(0.1, "Probability of a random shorter target length (Google's short_seq_prob).")
     masking: Literal["token", "whole_word", "ngram"] = opt(
-        "token", "Masking unit: single tokens, whole words, or n-grams of up to `ngram_max` words (ALBERT).")
+        "token", "Masking unit: single tokens, whole words, or n-grams of up to `ngram_max` words (ALBERT). "
+                 "[MASK] / random / kept is drawn once per unit (Google: per token).")
     mlm_probability: float = opt(0.15, "Fraction of eligible (non-special, non-padding) tokens chosen for prediction.",
                                   aliases=("masked_lm_prob", "mask_probability", "masking_probability"))
     mask_prob: float = opt(0.8, "Of the chosen tokens, fraction replaced by [MASK].")

@@ -6,6 +6,7 @@ an instance."""
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +96,20 @@ def sentence_final_table(tokenizer_file: str, vocab_size: int) -> np.ndarray:
 
 
 def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vocab_size: int) -> np.ndarray:
-    """[vocab] bool: does this token start a word? From the tokenizer's vocab and its word marker."""
+    """[vocab] bool: does this token start a word? From the tokenizer's vocab and its word marker; a piece of
+    punctuation only starts one too (see is_punctuation)."""
+    return word_tables(tokenizer_file, kind, word_marker, vocab_size)[0]
+
+
+def is_punctuation(token: str, marker: str) -> bool:
+    """A piece of punctuation and symbols only ("(", ",", "▁$"): a word of its own, as WordPiece's pre-tokenizer
+    splits it and ALBERT's create_pretraining_data counts it; the Unigram one leaves it without its "▁"."""
+    text = token.removeprefix(marker)
+    return bool(text) and all(unicodedata.category(char)[0] in "PS" for char in text)
+
+
+def word_tables(tokenizer_file: str, kind: str, word_marker: str | None, vocab_size: int) -> tuple[np.ndarray, ...]:
+    """([vocab] bool word starts, pieces of punctuation only, the bare word marker "▁") of the tokenizer's vocab."""
     expected = WORD_MARKERS.get(kind)
     if expected is None:
         raise DataError(f"Whole-word and n-gram masking need the tokenizer kind, and the manifest says {kind!r} "
@@ -110,15 +124,17 @@ def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vo
                         f"data.masking: token.") from None
     # By id, not via get_vocab(): a vocab may hold the same string twice, and every id needs an entry.
     size = max(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
-    table = np.ones(size, dtype=bool)
+    table, punctuation, bare = np.ones(size, dtype=bool), np.zeros(size, dtype=bool), np.zeros(size, dtype=bool)
     for token_id in range(size):
         token = tokenizer.id_to_token(token_id)
         if token is not None:
             # WordPiece marks pieces that continue a word, Unigram pieces that start one.
             is_continuation = token.startswith(expected) if kind == "wordpiece" else not token.startswith(expected)
-            table[token_id] = not is_continuation
-    table[:FIRST_REGULAR_ID] = True
-    return table
+            punctuation[token_id] = is_punctuation(token, expected)
+            table[token_id] = not is_continuation or punctuation[token_id]
+            bare[token_id] = kind == "unigram" and token == expected
+    table[:FIRST_REGULAR_ID], punctuation[:FIRST_REGULAR_ID] = True, False
+    return table, punctuation, bare
 
 
 @dataclass

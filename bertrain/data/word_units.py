@@ -157,10 +157,16 @@ def encode(tokenizer: Any, sentences: list[str], languages: list[Optional[str]])
 
 
 def word_starts_for(sentences: list[str], languages: list[Optional[str]], ids: np.ndarray, sizes: np.ndarray,
-                    offsets: dict, table: np.ndarray, segmenter: WordSegmenter) -> tuple[np.ndarray, int]:
-    """(word start of each token of the sentences' concatenated `ids`, segmenter words counted): the tokenizer's
-    marks (`table` by token id) in spaced sentences, the segmenter's words in those with `offsets` (see encode)."""
+                    offsets: dict, tables: tuple[np.ndarray, ...], segmenter: WordSegmenter) -> tuple[np.ndarray, int]:
+    """(word start of each token of the sentences' concatenated `ids`, segmenter words counted): in spaced
+    sentences the tokenizer's marks (`tables` by token id, see masking.word_tables), a sentence's first token and
+    the token after punctuation, not the one after a bare "▁"; the segmenter's words in those with `offsets`."""
+    table, punctuation, bare = tables
     starts = table[ids]
+    starts[1:] |= punctuation[ids[:-1]]   # Unigram's "(bar": WordPiece's pre-tokenizer starts a word at "bar"
+    starts[1:] &= ~bare[ids[:-1]]         # "▁" "$" is one unit, as "▁$" would be, not a space alone
+    first = np.cumsum(sizes) - sizes
+    starts[first[first < len(ids)]] = True   # a sentence's first piece may lack "▁" (a quote): not the last word's
     if not offsets:
         return starts, 0
     unspaced = sorted(offsets)

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, Iterator, Optional, TextIO
 import numpy as np
 
 from bertrain.data.format import SPLITS, shard_paths, token_dtype_for, write_shard
-from bertrain.data.masking import word_start_table
+from bertrain.data.masking import word_tables
 from bertrain.data.prepare.pool import Workers, local_progress, report_progress
 from bertrain.data.prepare.progress import Rate, progress_bar
 from bertrain.data.prepare.workdir import WORK, read_json, write_json
@@ -41,10 +41,10 @@ class _SentenceEncoder:
     """Encodes sentences in batches to a raw token file and their word starts (one byte per token) to another,
     keeping lengths and documents and counting as it goes."""
 
-    def __init__(self, tokenizer: Any, dtype: np.dtype, unk_id: int, out: BinaryIO, word_start_table: np.ndarray,
-                 starts_out: BinaryIO):
+    def __init__(self, tokenizer: Any, dtype: np.dtype, unk_id: int, out: BinaryIO,
+                 tables: tuple[np.ndarray, ...], starts_out: BinaryIO):
         self.tokenizer, self.dtype, self.unk_id, self.out = tokenizer, dtype, unk_id, out
-        self.word_start_table, self.starts_out = word_start_table, starts_out
+        self.tables, self.starts_out = tables, starts_out  # see masking.word_tables
         self.segmenter = WordSegmenter()
         self.batch_language: list[Optional[str]] = []
         self.lengths: list[np.ndarray] = []
@@ -71,7 +71,7 @@ class _SentenceEncoder:
         ids = np.fromiter(chain.from_iterable(id_lists), dtype=self.dtype, count=int(sizes.sum()))
         ids.tofile(self.out)
         starts, segmented_words = word_starts_for(batch, self.batch_language, ids, sizes, offsets,
-                                                  self.word_start_table, self.segmenter)
+                                                  self.tables, self.segmenter)
         starts.astype(np.uint8).tofile(self.starts_out)
         keep = sizes > 0
         self.lengths.append(sizes[keep])
@@ -118,13 +118,13 @@ def _write_shard(documents_path: str, split_path: Path, name: str, tokenizer_dir
     """tokenize_shard's work, under its lock."""
     tokenizer = corpus_tokenizer(tokenizer_dir)
     dtype = token_dtype_for(facts["vocab_size"])
-    table = word_start_table(str(Path(tokenizer_dir) / "tokenizer.json"), facts["kind"], facts["word_marker"],
-                             facts["vocab_size"])
+    tables = word_tables(str(Path(tokenizer_dir) / "tokenizer.json"), facts["kind"], facts["word_marker"],
+                         facts["vocab_size"])
     raw_tokens = split_path / f"{name}.tokens.raw.tmp"
     raw_starts = split_path / f"{name}.word_starts.raw.tmp"
     with (open(documents_path, encoding="utf-8") as handle, open(raw_tokens, "wb") as out,
           open(raw_starts, "wb") as starts_out):
-        encoder = _SentenceEncoder(tokenizer, dtype, facts["special_tokens"]["unk"], out, table, starts_out)
+        encoder = _SentenceEncoder(tokenizer, dtype, facts["special_tokens"]["unk"], out, tables, starts_out)
         for document, sentences in enumerate(_documents(handle)):
             language = document_language("\n".join(sentences), word_segmenter)
             if language is not None:

@@ -18,8 +18,9 @@ from bertrain.files import write_atomic
 
 STAGE_VERSION = 2            # bump when a change makes old intermediate outputs invalid (2: any-script sentences)
 # Shards' encoding and word starts (format 2): bump when their rules change, so that a prepare resumed across the
-# change rebuilds its shards instead of mixing two encodings (2: a literal [MASK] in the text is text).
-WORD_UNITS_VERSION = 2
+# change rebuilds its shards instead of mixing two encodings (2: a literal [MASK] in the text is text; 3: in
+# Unigram units punctuation is a word of its own and the piece after it starts one, as in WordPiece's).
+WORD_UNITS_VERSION = 3
 WORK = PREPARE_WORK  # the intermediate outputs; open_prepared names a DATA_DIR that has it unfinished
 
 
