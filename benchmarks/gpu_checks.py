@@ -180,7 +180,7 @@ def optimizer_case(args) -> dict:
     from bertrain.config import load_config
     from bertrain.model import build_model
     from bertrain.train.lamb import Lamb, own_kernel
-    from bertrain.train.optim import parameter_groups
+    from bertrain.train.optim import parameter_groups, row_blocks_of
 
     device = torch.device(args.device)
     model = build_model(load_config(args.config, ["model.vocab_size=30522"]).model).to(device)
@@ -190,8 +190,10 @@ def optimizer_case(args) -> dict:
     kernel = own_kernel(list(model.parameters()))
     difference = kernel_vs_torch_ops(groups, device)
     found_inf = torch.zeros((), device=device)  # what optimizer_step hands both (a finite step)
-    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4),
-                  "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False)}
+    blocks = row_blocks_of(model)  # as build_optimizer: query, key and value a trust ratio each
+    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True),
+                  "LAMB": Lamb(groups, lr=1e-4, row_blocks=blocks),
+                  "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False, row_blocks=blocks)}
     for optimizer in optimizers.values():
         optimizer.found_inf = found_inf
     medians = time_alternating({name: o.step for name, o in optimizers.items()}, args.rounds, args.repeats, device)

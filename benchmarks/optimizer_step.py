@@ -24,14 +24,15 @@ from bertrain.config import load_config
 from bertrain.model import build_model
 from bertrain.train import lamb_native
 from bertrain.train.lamb import Lamb
-from bertrain.train.optim import parameter_groups
+from bertrain.train.optim import parameter_groups, row_blocks_of
 from bertrain.train.precision import cpu_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
 from tests.reference_lamb import ReferenceLamb  # noqa: E402  (one copy of the old LAMB)
 
 
-def bert_base_groups(config_name: str, weight_decay: float) -> list[dict]:
+def bert_base_groups(config_name: str, weight_decay: float) -> tuple[list[dict], dict]:
+    """(parameter groups with random gradients, LAMB's row blocks) of the config's model."""
     config = load_config(config_name, ["model.vocab_size=30522"])
     model = build_model(config.model)
     groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, weight_decay)]
@@ -39,7 +40,7 @@ def bert_base_groups(config_name: str, weight_decay: float) -> list[dict]:
     for group in groups:
         for param in group["params"]:
             param.grad = torch.randn(param.shape, generator=generator) * 1e-3
-    return groups
+    return groups, row_blocks_of(model)
 
 
 def cpu_name() -> str:
@@ -76,10 +77,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    groups = bert_base_groups(args.config, weight_decay=0.01)
+    groups, blocks = bert_base_groups(args.config, weight_decay=0.01)
     count = sum(p.numel() for g in groups for p in g["params"])
-    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True), "LAMB": Lamb(groups, lr=1e-4),
-                  "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False)}
+    optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True),
+                  "LAMB": Lamb(groups, lr=1e-4, row_blocks=blocks),
+                  "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False, row_blocks=blocks)}
     if args.per_parameter:
         optimizers["per-parameter LAMB"] = ReferenceLamb(groups, lr=1e-4)
     load = os.getloadavg()[0]

@@ -33,7 +33,7 @@ from bertrain.config import Recipe, load_config  # noqa: E402
 from bertrain.config.schema import PrepareConfig, SourceConfig, TokenizerConfig  # noqa: E402
 from bertrain.data.format import open_prepared  # noqa: E402
 from bertrain.data.loader import train_dataset  # noqa: E402
-from bertrain.data.masking import word_start_table  # noqa: E402
+from bertrain.data.masking import word_tables  # noqa: E402
 from bertrain.data.prepare import prepare_corpus  # noqa: E402
 from bertrain.data.word_units import WordSegmenter, encode, word_starts_for  # noqa: E402
 from bertrain.tokenizer_file import load_tokenizer  # noqa: E402
@@ -110,15 +110,15 @@ def partial_unit_share(data_dir: Path, documents, language: str | None) -> float
     prepared = open_prepared(data_dir)
     tokenizer = load_tokenizer(prepared.tokenizer_dir)
     facts = prepared.manifest["tokenizer"]
-    table = word_start_table(str(prepared.tokenizer_dir / "tokenizer.json"), facts["kind"], facts["word_marker"],
-                             prepared.vocab_size)
+    tables = word_tables(str(prepared.tokenizer_dir / "tokenizer.json"), facts["kind"], facts["word_marker"],
+                         prepared.vocab_size)
     segmenter = WordSegmenter()
     units = partial = 0
     for text, words in (pair for document in documents for pair in document):
         encoding = tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, dtype=np.int64)
         _, offsets = encode(tokenizer, [text], [language])
-        starts, _ = word_starts_for([text], [language], ids, np.array([len(ids)]), offsets, table, segmenter)
+        starts, _ = word_starts_for([text], [language], ids, np.array([len(ids)]), offsets, tables, segmenter)
         gold = gold_spans(text, words)
         bounds = np.flatnonzero(starts).tolist() + [len(ids)]
         for first, stop in zip(bounds[:-1], bounds[1:]):

@@ -18,7 +18,7 @@ from bertrain.errors import UsageError
 from bertrain.model import build_model
 from bertrain.train import lamb_native, lamb_triton
 from bertrain.train.lamb import Lamb, own_kernel
-from bertrain.train.optim import parameter_groups
+from bertrain.train.optim import parameter_groups, row_blocks_of
 from tests.helpers import assert_rounding_close
 from tests.reference_lamb import ReferenceLamb
 
@@ -87,6 +87,60 @@ def test_lamb_equals_per_parameter_lamb(kind, native):
                 for a, b in zip(model.state_dict().values(), tiny_model(kind).state_dict().values()))
     assert moved > 1e-3  # the steps did change the weights
     assert_same(reference_model, model, reference, optimizer, steps=5)
+
+
+def separate_blocks(model) -> tuple[dict, list[dict]]:
+    """The model's weights with each row-blocked parameter (the fused query/key/value) as separate tensors, as
+    transformers and Google's ALBERT hold them: ({name: tensors}, their groups for ReferenceLamb)."""
+    blocks = row_blocks_of(model)
+    separate = {name: [t.detach().clone() for t in param.chunk(blocks.get(param, 1))]
+                for name, param in model.named_parameters()}
+    return separate, [{"params": [t for name in group["names"] for t in separate[name]],
+                       "weight_decay": group["weight_decay"]} for group in parameter_groups(model, 0.1)]
+
+
+def steps_with_separate_blocks(model, optimizer, separate: dict, reference, steps: int) -> None:
+    """The same random gradients for the model and, cut into its blocks, for the separate tensors; a step each."""
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for name, param in model.named_parameters():
+            param.grad = torch.randn(param.shape, generator=generator) * 0.1
+            for tensor, grad in zip(separate[name], param.grad.chunk(len(separate[name]))):
+                tensor.grad = grad.clone()
+        optimizer.step()
+        reference.step()
+
+
+def mismatched(model, separate: dict, steps: int) -> list[str]:
+    """The names whose weights are not the separate tensors' (concatenated) within float32 rounding."""
+    off = []
+    for name, param in model.named_parameters():
+        try:
+            assert_rounding_close(param, torch.cat(separate[name]), param.numel(), steps, name=name)
+        except AssertionError:
+            off.append(name)
+    return off
+
+
+@pytest.mark.cross_path
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_fused_query_key_value_get_a_trust_ratio_each_as_three_tensors_do(kind, native):
+    # One ratio for the fused [3H, H] tensor was 27-56x the rounding off transformers' three after 10 steps.
+    model = tiny_model(kind)
+    for blocked in (True, False):
+        trained = copy.deepcopy(model)
+        separate, groups = separate_blocks(trained)
+        blocks = row_blocks_of(trained)
+        assert blocks and all(len(separate[name]) == 3 for name, p in trained.named_parameters() if p in blocks)
+        optimizer = Lamb(groups_of(trained), lr=1e-2, betas=(0.9, 0.98), native=native,
+                         row_blocks=blocks if blocked else None)
+        steps_with_separate_blocks(trained, optimizer, separate, ReferenceLamb(groups, lr=1e-2, betas=(0.9, 0.98)), 5)
+        off = mismatched(trained, separate, 5)
+        if blocked:
+            assert not off, off
+            assert all(torch.equal(optimizer.state[p]["step"], torch.full((3,), 5.0)) for p in blocks)
+        else:  # one ratio over the three, as bertrain did
+            assert off and all(".qkv." in name for name in off), off
 
 
 @pytest.mark.cross_path
@@ -188,6 +242,18 @@ def test_lamb_resumes_from_a_per_parameter_lamb_checkpoint(native):
     assert_same(reference_model, model, reference, optimizer, steps=3)
 
 
+def test_a_checkpoint_from_before_row_blocks_resumes_with_a_step_count_per_block(native):
+    model = tiny_model("albert")
+    before = Lamb(groups_of(model), lr=1e-2, native=native)   # one count per tensor, as checkpoints had it
+    run_steps([(model, before)], steps=3)
+    blocks = row_blocks_of(model)
+    optimizer = Lamb(groups_of(model), lr=1e-2, native=native, row_blocks=blocks)
+    optimizer.load_state_dict(copy.deepcopy(before.state_dict()))
+    run_steps([(model, optimizer)], steps=1, seed=2)
+    assert all(torch.equal(optimizer.state[p]["step"], torch.full((3,), 4.0)) for p in blocks)
+    assert all(optimizer.state[p]["step"].shape == () for p in model.parameters() if p not in blocks)
+
+
 def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):
     model = tiny_model("bert")
     optimizer = Lamb(groups_of(model), lr=1e-2, native=native)
@@ -213,7 +279,7 @@ def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
                              "interpreted"], cwd=root, capture_output=True, text=True, timeout=900,
                             env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
-    assert result.returncode == 0 and "4 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0 and "5 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def small_triton_blocks(monkeypatch) -> None:
@@ -233,6 +299,19 @@ def test_interpreted_triton_kernel_equals_per_parameter_lamb(kind, monkeypatch):
     optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
     run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
     assert_same(reference_model, model, reference, optimizer, steps=5)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
+def test_interpreted_triton_kernel_gives_row_blocks_a_trust_ratio_and_a_step_count_each(monkeypatch):
+    small_triton_blocks(monkeypatch)
+    model = tiny_model("bert")
+    separate, groups = separate_blocks(model)
+    blocks = row_blocks_of(model)
+    optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), row_blocks=blocks)
+    assert own_kernel(list(model.parameters())) is lamb_triton
+    steps_with_separate_blocks(model, optimizer, separate, ReferenceLamb(groups, lr=1e-2, betas=(0.9, 0.98)), 3)
+    assert not mismatched(model, separate, 3)
+    assert all(torch.equal(optimizer.state[p]["step"], torch.full((3,), 3.0)) for p in blocks)  # each counted once
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")

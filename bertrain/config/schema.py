@@ -125,7 +125,8 @@ class ModelConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule."""
 
-    name: Literal["adamw", "lamb"] = opt("adamw", "`adamw`, or `lamb` for large-batch recipes (ALBERT).",
+    name: Literal["adamw", "lamb"] = opt("adamw", "`adamw`, or `lamb` for large-batch recipes (ALBERT): a trust ratio "
+                                                   "per weight, the fused query/key/value as their three.",
                                          aliases=("type", "optimizer_name"))
     lr: float = opt(1e-4, "Peak learning rate (must be positive).", aliases=("learning_rate",))
     weight_decay: float = opt(

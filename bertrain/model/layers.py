@@ -91,6 +91,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.qkv.row_blocks = 3  # three weights stacked: LAMB gives each its trust ratio (optim.row_blocks_of)
         self.output = nn.Linear(hidden_size, hidden_size)
         # > 0 forces SDPA's slower math path on CPU (the fused kernel has no dropout there).
         self.attention_dropout_prob = attention_dropout_prob

@@ -16,9 +16,12 @@ class Lamb(torch.optim.Optimizer):
     accepts_found_inf = True  # train/step.py's optimizer_step sets `found_inf` instead of reading the flag
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0, native: bool = True) -> None:
+                 weight_decay: float = 0.0, native: bool = True, row_blocks: dict | None = None) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.native = native  # False: torch ops on every device (for comparisons)
+        # {parameter: n}: n weights stacked by rows (attention's fused query/key/value), each with its own trust
+        # ratio and step count, as the three tensors of Google's ALBERT and of transformers have.
+        self.row_blocks = dict(row_blocks or {})
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}
 
     def __setstate__(self, state: dict) -> None:
@@ -45,11 +48,15 @@ class Lamb(torch.optim.Optimizer):
         if any(p.grad.is_sparse for p in params):
             raise RuntimeError("Lamb does not support sparse gradients.")
         states = [self._state(p) for p in params]
-        steps = [s["step"] for s in states]
+        blocks, whole = [self.row_blocks.get(p, 1) for p in params], params
         grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
-        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        # From here a row-blocked parameter is its blocks: row slices (views, updated in place), a step count each.
+        params, grads = in_blocks(params, blocks), in_blocks(grads, blocks)
+        exp_avgs, exp_avg_sqs = in_blocks([s["exp_avg"] for s in states], blocks), in_blocks(
+            [s["exp_avg_sq"] for s in states], blocks)
+        steps = in_blocks([s["step"] for s in states], blocks, steps=True)
         kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native else None
         counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
         if not counts_steps:
@@ -60,7 +67,7 @@ class Lamb(torch.optim.Optimizer):
             if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
-        updates = [self._scratch_for(p) for p in params]
+        updates = in_blocks([self._scratch_for(p) for p in whole], blocks)
         start_with_weight_decay(updates, params, group["weight_decay"])
         if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"],
                                   found_inf):
@@ -83,6 +90,9 @@ class Lamb(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
         if state["step"].device != param.device or state["step"].dtype != torch.float32:
             state["step"] = state["step"].to(param.device, torch.float32)
+        blocks = self.row_blocks.get(param, 1)
+        if blocks > 1 and state["step"].dim() == 0:  # one count per row block (also from an older checkpoint)
+            state["step"] = state["step"].repeat(blocks)
         return state
 
     def _scratch_for(self, param: torch.Tensor) -> torch.Tensor:
@@ -91,6 +101,16 @@ class Lamb(torch.optim.Optimizer):
             buffer = self._scratch[param] = torch.empty_like(param, dtype=torch.float32,
                                                              memory_format=torch.contiguous_format)
         return buffer
+
+
+def in_blocks(tensors: list[torch.Tensor], blocks: list[int], steps: bool = False) -> list[torch.Tensor]:
+    """Each tensor as its `blocks` row slices, views (`steps`: a [blocks] step count as its 0-dim elements)."""
+    if all(count == 1 for count in blocks):
+        return tensors
+    out: list[torch.Tensor] = []
+    for tensor, count in zip(tensors, blocks):
+        out.extend([tensor] if count == 1 else tensor.unbind(0) if steps else tensor.chunk(count, dim=0))
+    return out
 
 
 def own_kernel(*tensor_lists: list[torch.Tensor]):

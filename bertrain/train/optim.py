@@ -31,6 +31,12 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def row_blocks_of(model: torch.nn.Module) -> dict[torch.Tensor, int]:
+    """{parameter: n} of the modules that stack n weights by rows (`row_blocks`, e.g. the fused query/key/value)."""
+    return {param: module.row_blocks for module in model.modules() if getattr(module, "row_blocks", 1) > 1
+            for param in module.parameters(recurse=False)}
+
+
 def fused_supported(device: torch.device) -> bool:
     """Whether torch's fused AdamW runs on this device (CPU since torch 2.4, CUDA, MPS...)."""
     try:
@@ -50,7 +56,7 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig,
               for group in parameter_groups(model, config.weight_decay)]
     betas = (float(config.betas[0]), float(config.betas[1]))
     if config.name == "lamb":
-        return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps)
+        return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps, row_blocks=row_blocks_of(model))
     if config.name == "adamw":
         device = device or next(model.parameters()).device
         speed = {"fused": True} if fused_supported(device) else {"foreach": True}
