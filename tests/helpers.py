@@ -205,8 +205,8 @@ def split_sentences(paragraph: str) -> list[str]:
 
 @lru_cache(maxsize=4)
 def train_tokenizer(kind: str = "wordpiece", vocab_size: int = 1200):
-    """A tiny tokenizers.Tokenizer trained on the pydoc prose, once per process (Unigram training is not
-    deterministic across runs, so decode a DATA_DIR with its own tokenizer/tokenizer.json)."""
+    """A tiny tokenizers.Tokenizer trained on the pydoc prose, once per process (neither kind's training is
+    deterministic across processes here, so decode a DATA_DIR with its own tokenizer/tokenizer.json)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     specials = list(SPECIAL_STRINGS[kind].values())
