@@ -98,7 +98,7 @@ def words_of(ids: np.ndarray, special: np.ndarray, kind: str, data_dir) -> np.nd
     strings = {i: tokenizer.id_to_token(i) for i in np.unique(ids).tolist()}
     if kind == "wordpiece":
         starts_word = np.vectorize(lambda t: not strings[t].startswith("##"))(ids)
-    else:  # "▁" starts a word; so does punctuation, and the piece after it, as ALBERT's and WordPiece's rules
+    else:  # "▁" starts a word; so does punctuation (ALBERT's rule) and the piece after it (WordPiece's split)
         punctuation = np.vectorize(lambda t: strings[t].strip("▁") != "" and all(
             unicodedata.category(c).startswith(("P", "S")) for c in strings[t].strip("▁")))(ids)
         starts_word = np.vectorize(lambda t: strings[t].startswith("▁"))(ids) | punctuation

@@ -197,3 +197,15 @@ def test_punctuation_is_a_word_of_its_own_in_both_kinds_word_units(trained, kind
     assert "[UNK]" not in pieces and "<unk>" not in pieces
     units = "".join(("|" if start else "") + piece for start, piece in zip(starts, pieces)).split("|")[1:]
     assert [unit.strip() for unit in units] == [w.lower() for s in sentences for w in re.findall(r"\w+|[^\w\s]", s)]
+
+
+def test_wordpiece_words_keep_the_symbols_its_pre_tokenizer_leaves_inside(tmp_path):
+    # BERT's pre-tokenizer splits punctuation, not symbols: "p→q" is "p ##→ ##q", one word (the Unigram rule made
+    # "##→" start one).
+    from tokenizers import Tokenizer, models
+
+    vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS["wordpiece"].values()) + ["p", "##→", "##q", "("])}
+    Tokenizer(models.WordPiece(vocab, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    starts, punctuation, bare = word_tables(str(tmp_path / "tokenizer.json"), "wordpiece", "##", len(vocab))
+    assert [bool(starts[vocab[t]]) for t in ("p", "##→", "##q", "(")] == [True, False, False, True]
+    assert not punctuation.any() and not bare.any()

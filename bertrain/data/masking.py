@@ -97,13 +97,13 @@ def sentence_final_table(tokenizer_file: str, vocab_size: int) -> np.ndarray:
 
 def word_start_table(tokenizer_file: str, kind: str, word_marker: str | None, vocab_size: int) -> np.ndarray:
     """[vocab] bool: does this token start a word? From the tokenizer's vocab and its word marker; a piece of
-    punctuation only starts one too (see is_punctuation)."""
+    Unigram punctuation only starts one too (see is_punctuation)."""
     return word_tables(tokenizer_file, kind, word_marker, vocab_size)[0]
 
 
 def is_punctuation(token: str, marker: str) -> bool:
-    """A piece of punctuation and symbols only ("(", ",", "▁$"): a word of its own, as WordPiece's pre-tokenizer
-    splits it and ALBERT's create_pretraining_data counts it; the Unigram one leaves it without its "▁"."""
+    """A Unigram piece of punctuation and symbols only ("(", ",", "▁$"), which bertrain's Unigram pre-tokenizer
+    splits off without a "▁": a word of its own, as ALBERT's create_pretraining_data counts it."""
     text = token.removeprefix(marker)
     return bool(text) and all(unicodedata.category(char)[0] in "PS" for char in text)
 
@@ -130,7 +130,8 @@ def word_tables(tokenizer_file: str, kind: str, word_marker: str | None, vocab_s
         if token is not None:
             # WordPiece marks pieces that continue a word, Unigram pieces that start one.
             is_continuation = token.startswith(expected) if kind == "wordpiece" else not token.startswith(expected)
-            punctuation[token_id] = is_punctuation(token, expected)
+            # WordPiece's pre-tokenizer already makes punctuation a word; symbols it leaves in words ("p##→##q").
+            punctuation[token_id] = kind == "unigram" and is_punctuation(token, expected)
             table[token_id] = not is_continuation or punctuation[token_id]
             bare[token_id] = kind == "unigram" and token == expected
     table[:FIRST_REGULAR_ID], punctuation[:FIRST_REGULAR_ID] = True, False

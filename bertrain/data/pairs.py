@@ -28,7 +28,9 @@ differs from Google's, on purpose:
         positive's ended with its document, one sentence too long to fit where the positive's did not fit, ending
         on . ! ? where the positive's did (adjacent sentences end alike, e.g. "for example:" then code; Google's
         truncation hid that, whole sentences show it: +2.8 points on the demo's text at seq 128 without this);
-        where no such B turns up (~1 in 1,000 negatives), the positive's B stays, with no sentence label.
+        where no such B turns up (~1 in 1,000 instances at seq 128, 3 at 512), the positive's B stays, with no
+        sentence label, and so does a positive for which the same search finds none (else that A's kind had
+        positives only).
       - one-sentence windows have no second segment: they are cut at a uniform token and get sentence label -100
         (MLM only); Google makes them NSP negatives, so "A is a whole short document" gave the label away.
   * NSP: the random document is never A's own (Google retries 10 times); the put-back of a negative's unused
@@ -161,7 +163,9 @@ def _instances(index: SplitIndex, planned: SplitIndex, chunks: dict, nonempty: n
     b_document = document.copy()
     negative = negative & labelled
     if objective == "nsp":
-        rows = np.flatnonzero(negative)
+        # Positives get the same search for a negative's B (its result unused): an instance is labelled only where
+        # one exists, so that having a label says nothing of which (a group of As with none was all positives).
+        rows = np.flatnonzero(labelled)
         # A positive's B short of the target ended with its window: the negative's B ends a document too.
         room = max_tokens - a_length[rows]
         tail = np.where((chunk_tokens[rows] < target[rows]) & (end[rows] == last[rows]),
@@ -173,11 +177,12 @@ def _instances(index: SplitIndex, planned: SplitIndex, chunks: dict, nonempty: n
                                                              target[rows] - a_length[rows]), tail, room, max_tokens,
                                                     b_final)
         found = other >= 0
+        replace = found & negative[rows]
         labelled[rows[~found]] = negative[rows[~found]] = False   # no B by the rules (~1 in 1,000): MLM only
-        rows, random_first, random_end = rows[found], random_first[found], random_end[found]
+        rows, random_first, random_end = rows[replace], random_first[replace], random_end[replace]
         b_start[rows] = sentence_start[random_first]
         b_length[rows] = cum[random_end + 1] - cum[random_first]
-        b_document[rows] = other[found]
+        b_document[rows] = other[replace]
     else:  # SOP: the negative swaps the whole segments, before truncation
         a_start, b_start = np.where(negative, b_start, a_start), np.where(negative, a_start, b_start)
         a_length, b_length = np.where(negative, b_length, a_length), np.where(negative, a_length, b_length)
