@@ -188,9 +188,9 @@ def optimizer_case(args) -> dict:
     for param in model.parameters():
         param.grad = torch.randn_like(param) * 1e-3
     kernel = own_kernel(list(model.parameters()))
-    difference = kernel_vs_torch_ops(groups, device)
-    found_inf = torch.zeros((), device=device)  # what optimizer_step hands both (a finite step)
     blocks = row_blocks_of(model)  # as build_optimizer: query, key and value a trust ratio each
+    difference = kernel_vs_torch_ops(groups, device, blocks)
+    found_inf = torch.zeros((), device=device)  # what optimizer_step hands both (a finite step)
     optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True),
                   "LAMB": Lamb(groups, lr=1e-4, row_blocks=blocks),
                   "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False, row_blocks=blocks)}
@@ -217,16 +217,19 @@ def host_ms(step, device: torch.device, steps: int = 20) -> float:
     return 1e3 * elapsed / steps
 
 
-def kernel_vs_torch_ops(groups: list[dict], device: torch.device, steps: int = 3) -> float:
+def kernel_vs_torch_ops(groups: list[dict], device: torch.device, blocks: dict, steps: int = 3) -> float:
     """Largest |w_kernel - w_torch_ops| over the largest |w_torch_ops - w_start| after `steps` LAMB steps of the
-    same gradients: float32 rounding (torch's float32 norms over up to 23M elements) keeps it below 1e-4,
-    a trust ratio 0.1% off makes it 1e-3."""
+    same gradients, with `blocks` (LAMB's row blocks) as in training: float32 rounding (torch's float32 norms over
+    up to 23M elements) keeps it below 1e-4, a trust ratio 0.1% off makes it 1e-3."""
     from bertrain.train.lamb import Lamb
 
     start = [[p.detach().clone() for p in g["params"]] for g in groups]
     copies = {native: [dict(g, params=[w.clone().requires_grad_() for w in weights]) for g, weights in
                        zip(groups, start)] for native in (True, False)}
-    optimizers = {native: Lamb(copy, lr=1e-2, weight_decay=0.01, native=native) for native, copy in copies.items()}
+    originals = [p for g in groups for p in g["params"]]
+    optimizers = {native: Lamb(copy, lr=1e-2, weight_decay=0.01, native=native, row_blocks={
+        param: blocks[original] for param, original in zip((p for g in copy for p in g["params"]), originals)
+        if original in blocks}) for native, copy in copies.items()}
     generator = torch.Generator(device).manual_seed(0)
     for _ in range(steps):
         grads = [torch.randn(w.shape, generator=generator, device=device) * 1e-3 for g in start for w in g]

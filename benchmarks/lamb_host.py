@@ -22,7 +22,7 @@ from bertrain.config import load_config
 from bertrain.model import build_model
 from bertrain.train import lamb_triton
 from bertrain.train.lamb import Lamb
-from bertrain.train.optim import parameter_groups
+from bertrain.train.optim import parameter_groups, row_blocks_of
 
 KERNELS = ("_count_steps", "_moments_and_squares", "_trust_ratios", "_apply", "_pipelined")
 
@@ -34,16 +34,20 @@ class NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def stand_in_groups(config: str) -> list[dict]:
-    """The config's parameter groups (same counts, same settings), each tensor one row of 4 with a gradient."""
+def stand_in_groups(config: str) -> tuple[list[dict], dict]:
+    """(the config's parameter groups, same counts and settings, each tensor a row of 4 with a gradient, or 3 rows
+    where build_optimizer gives LAMB row blocks; those row blocks)."""
     model = build_model(load_config(config, ["model.vocab_size=30522"]).model)
-    groups = []
+    blocks = row_blocks_of(model)
+    groups, stand_in_blocks = [], {}
     for group in parameter_groups(model, 0.01):
-        params = [torch.zeros(4, requires_grad=True) for _ in group["params"]]
-        for param in params:
-            param.grad = torch.zeros(4)
+        params = [torch.zeros(4 * blocks.get(p, 1), requires_grad=True) for p in group["params"]]
+        for param, original in zip(params, group["params"]):
+            param.grad = torch.zeros_like(param)
+            if original in blocks:
+                stand_in_blocks[param] = blocks[original]
         groups.append(dict({k: v for k, v in group.items() if k not in ("names", "params")}, params=params))
-    return groups
+    return groups, stand_in_blocks
 
 
 def with_schedule(step, schedule: str):
@@ -59,13 +63,14 @@ def main() -> None:
     parser.add_argument("--config", default="bert_base")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40, help="Steps per round.")
+    parser.add_argument("--no-row-blocks", action="store_true", help="The fused query/key/value as one tensor.")
     args = parser.parse_args()
-    groups = stand_in_groups(args.config)
+    groups, blocks = stand_in_groups(args.config)
     tensors = [t for g in groups for p in g["params"] for t in (p, p.grad, p, p, p)]  # as many as the check sees
     with mock.patch.dict(os.environ, TRITON_INTERPRET="1"):  # the check then looks at every tensor, as on a GPU
         check_ms = 1e3 * time_alternating({"check": lambda: lamb_triton.eligible(tensors)}, args.rounds,
                                           args.steps)["check"] if lamb_triton.triton else None
-    optimizer = Lamb(groups, lr=1e-3)
+    optimizer = Lamb(groups, lr=1e-3, row_blocks=None if args.no_row_blocks else blocks)
     optimizer.found_inf = torch.zeros(())
     print(f"{args.config}: {sum(len(g['params']) for g in groups)} tensors in {len(groups)} groups; host ms per "
           f"LAMB step, kernels not launched")

@@ -252,6 +252,35 @@ def test_a_checkpoint_from_before_row_blocks_resumes_with_a_step_count_per_block
     run_steps([(model, optimizer)], steps=1, seed=2)
     assert all(torch.equal(optimizer.state[p]["step"], torch.full((3,), 4.0)) for p in blocks)
     assert all(optimizer.state[p]["step"].shape == () for p in model.parameters() if p not in blocks)
+    plain = Lamb(groups_of(model), lr=1e-2, native=native)   # and back: one count again
+    plain.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    run_steps([(model, plain)], steps=1, seed=3)
+    assert all(torch.equal(plain.state[p]["step"], torch.tensor(5.0)) for p in model.parameters())
+
+
+def test_row_blocks_skip_a_non_finite_step_and_follow_a_swapped_storage(native):
+    model = tiny_model("bert")
+    blocks = row_blocks_of(model)
+    optimizer = Lamb(groups_of(model), lr=1e-2, native=native, row_blocks=blocks)
+    run_steps([(model, optimizer)], steps=2)
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()["state"]))
+    optimizer.found_inf = torch.ones(())
+    run_steps([(model, optimizer)], steps=1, seed=2)
+    assert all(torch.equal(before[0][k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(before[1][i][k], v) for i, entry in optimizer.state_dict()["state"].items()
+               for k, v in entry.items())
+    optimizer.found_inf = torch.zeros(())
+    qkv = next(iter(blocks))
+    qkv.data = qkv.data.clone()   # the cached views are of the old storage: they must not be used
+    run_steps([(model, optimizer)], steps=1, seed=2)
+    assert not torch.equal(qkv.detach(), before[0][next(k for k, v in model.named_parameters() if v is qkv)])
+    assert torch.equal(optimizer.state[qkv]["step"], torch.full((3,), 3.0))
+
+
+def test_row_blocks_must_cut_a_parameter_into_equal_blocks():
+    with pytest.raises(ValueError, match=r"shape \(4, 2\) has no 3 row blocks"):
+        weight = torch.nn.Parameter(torch.zeros(4, 2))
+        Lamb([weight], row_blocks={weight: 3})
 
 
 def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):

@@ -22,11 +22,15 @@ class Lamb(torch.optim.Optimizer):
         # {parameter: n}: n weights stacked by rows (attention's fused query/key/value), each with its own trust
         # ratio and step count, as the three tensors of Google's ALBERT and of transformers have.
         self.row_blocks = dict(row_blocks or {})
+        for param, count in self.row_blocks.items():
+            if param.dim() == 0 or param.shape[0] % count:
+                raise ValueError(f"A parameter of shape {tuple(param.shape)} has no {count} row blocks of one size.")
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}
+        self._block_views: dict[torch.Tensor, tuple] = {}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self._scratch = {}
+        self._scratch, self._block_views = {}, {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -48,15 +52,15 @@ class Lamb(torch.optim.Optimizer):
         if any(p.grad.is_sparse for p in params):
             raise RuntimeError("Lamb does not support sparse gradients.")
         states = [self._state(p) for p in params]
-        blocks, whole = [self.row_blocks.get(p, 1) for p in params], params
+        whole = params
         grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
-        # From here a row-blocked parameter is its blocks: row slices (views, updated in place), a step count each.
-        params, grads = in_blocks(params, blocks), in_blocks(grads, blocks)
-        exp_avgs, exp_avg_sqs = in_blocks([s["exp_avg"] for s in states], blocks), in_blocks(
-            [s["exp_avg_sq"] for s in states], blocks)
-        steps = in_blocks([s["step"] for s in states], blocks, steps=True)
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        steps = [s["step"] for s in states]
+        blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
+        if blocked:  # from here a row-blocked parameter is its blocks (views, updated in place), a step count each
+            params, grads, exp_avgs, exp_avg_sqs, steps = self._as_blocks(blocked, params, grads, states)
         kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native else None
         counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
         if not counts_steps:
@@ -67,7 +71,9 @@ class Lamb(torch.optim.Optimizer):
             if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
-        updates = in_blocks([self._scratch_for(p) for p in whole], blocks)
+        updates = [self._scratch_for(p) for p in whole]
+        if blocked:
+            updates = _spliced(updates, blocked, [updates[i].chunk(self.row_blocks[whole[i]]) for i in blocked])
         start_with_weight_decay(updates, params, group["weight_decay"])
         if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"],
                                   found_inf):
@@ -79,6 +85,25 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_sub_(steps, [found_inf] * len(steps))
             ratios = torch.where(found_inf > 0, torch.zeros_like(ratios), ratios)  # not 0 * ratio: a NaN norm stays NaN
         torch._foreach_addcmul_(params, updates, list(ratios.unbind(0)), value=-group["lr"])
+
+    def _as_blocks(self, blocked: list[int], params: list, grads: list, states: list[dict]) -> tuple[list, ...]:
+        """(params, grads, exp_avgs, exp_avg_sqs, steps) with the parameters at `blocked` as their row blocks. The
+        views of a parameter and its state are made once (per storage: a swapped .data makes them anew): each view
+        costs host time, which the GPU step is bound by; a gradient's are made each step."""
+        lists: list[list] = [list(params), list(grads), [s["exp_avg"] for s in states],
+                             [s["exp_avg_sq"] for s in states], [s["step"] for s in states]]
+        pieces: list[list] = [[] for _ in lists]
+        for i in blocked:
+            param, state, count = params[i], states[i], self.row_blocks[params[i]]
+            own = (param, state["exp_avg"], state["exp_avg_sq"], state["step"])
+            key = tuple(t.data_ptr() for t in own)
+            cached = self._block_views.get(param)
+            if cached is None or cached[0] != key:
+                cached = self._block_views[param] = (key, own[0].chunk(count), own[1].chunk(count),
+                                                     own[2].chunk(count), own[3].unbind(0))
+            for piece, views in zip(pieces, (cached[1], grads[i].chunk(count), *cached[2:])):
+                piece.append(views)
+        return tuple(_spliced(listed, blocked, piece) for listed, piece in zip(lists, pieces))
 
     def _state(self, param: torch.Tensor) -> dict:
         """The parameter's step / exp_avg / exp_avg_sq, created on first use; `step` lives on the parameter's
@@ -93,6 +118,8 @@ class Lamb(torch.optim.Optimizer):
         blocks = self.row_blocks.get(param, 1)
         if blocks > 1 and state["step"].dim() == 0:  # one count per row block (also from an older checkpoint)
             state["step"] = state["step"].repeat(blocks)
+        elif blocks == 1 and state["step"].dim() > 0:  # a row-blocked checkpoint in a LAMB without row blocks
+            state["step"] = state["step"][0].clone()
         return state
 
     def _scratch_for(self, param: torch.Tensor) -> torch.Tensor:
@@ -103,13 +130,14 @@ class Lamb(torch.optim.Optimizer):
         return buffer
 
 
-def in_blocks(tensors: list[torch.Tensor], blocks: list[int], steps: bool = False) -> list[torch.Tensor]:
-    """Each tensor as its `blocks` row slices, views (`steps`: a [blocks] step count as its 0-dim elements)."""
-    if all(count == 1 for count in blocks):
-        return tensors
-    out: list[torch.Tensor] = []
-    for tensor, count in zip(tensors, blocks):
-        out.extend([tensor] if count == 1 else tensor.unbind(0) if steps else tensor.chunk(count, dim=0))
+def _spliced(tensors: list, at: list[int], pieces: list) -> list:
+    """`tensors` with the one at each index of `at` (ascending) replaced by the tensors of its piece."""
+    out, last = [], 0
+    for index, piece in zip(at, pieces):
+        out.extend(tensors[last:index])
+        out.extend(piece)
+        last = index + 1
+    out.extend(tensors[last:])
     return out
 
 
