@@ -344,10 +344,11 @@ def test_bad_indexed_keys_name_the_valid_range_or_key(tmp_path, override, messag
         load_recipe(path, [override])
 
 
-def test_an_empty_list_says_so(tmp_path):
-    with pytest.raises(ConfigError, match=r"'prepare\.sources' has 0 entries \(it is empty\), so index 0 is out "
-                                          r"of range.*--set 'prepare\.sources=\[\.\.\.\]'"):
-        load_recipe(None, ["prepare.sources.0.group_by=title"])
+@pytest.mark.parametrize("index", ["0", "-1"])
+def test_an_empty_list_says_so(tmp_path, index):
+    with pytest.raises(ConfigError, match=rf"'prepare\.sources' has 0 entries \(it is empty\), so index {index} is "
+                                          r"out of range.*--set 'prepare\.sources=\[\.\.\.\]'"):
+        load_recipe(None, [f"prepare.sources.{index}.group_by=title"])
 
 
 def test_explain_shows_each_source_key_by_its_set_name(run_cli, tmp_path):

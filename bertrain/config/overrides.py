@@ -28,13 +28,14 @@ def _default_data(cls: type, name: str) -> Any:
 def _list_index(entries: list, part: str, path: str, dotted: str) -> int:
     """The entry index `part` names in the list at `path`, or a ConfigError giving the valid range."""
     valid = f"indexes 0 to {len(entries) - 1}" if entries else "it is empty"
-    if re.fullmatch(r"-\d+", part) and entries:
+    negative = re.fullmatch(r"-\d+", part) is not None
+    if negative and entries:
         raise ConfigError(f"--set {dotted}: '{path}' is a list ({valid}); indexes count from 0, not from the end: "
                           f"the last entry is {path}.{len(entries) - 1}.")
-    if not part.isdigit():
+    if not part.isdigit() and not negative:
         raise ConfigError(f"--set {dotted}: '{path}' is a list ({valid}): name an entry by its index, "
                           f"e.g. {path}.0.{part}=...")
-    if int(part) >= len(entries):
+    if negative or int(part) >= len(entries):
         count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
         raise ConfigError(f"--set {dotted}: '{path}' has {count} ({valid}), so index {part} is out of range. "
                           f"Add entries in the file, or set the whole list: --set '{path}=[...]'.")

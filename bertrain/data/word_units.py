@@ -165,7 +165,7 @@ def word_starts_for(sentences: list[str], languages: list[Optional[str]], ids: n
     starts = table[ids]
     starts[1:] |= punctuation[ids[:-1]]   # Unigram's "(bar": WordPiece's pre-tokenizer starts a word at "bar"
     starts[1:] &= ~bare[ids[:-1]]         # "▁" "$" is one unit, as "▁$" would be, not a space alone
-    first = np.cumsum(sizes) - sizes
+    first = (np.cumsum(sizes) - sizes).astype(np.int64)
     starts[first[first < len(ids)]] = True   # a sentence's first piece may lack "▁" (a quote): not the last word's
     if not offsets:
         return starts, 0
