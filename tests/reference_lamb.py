@@ -41,4 +41,6 @@ class ReferenceLamb(torch.optim.Optimizer):
                 update_norm = update.norm()
                 trust_ratio = torch.where((weight_norm > 0) & (update_norm > 0),
                                           weight_norm / update_norm, torch.ones_like(weight_norm))
+                if not group.get("layer_adaptation", True):  # Google's exclude_from_layer_adaptation (added since)
+                    trust_ratio = torch.ones_like(weight_norm)
                 param.add_((update * trust_ratio).to(param.dtype), alpha=-group["lr"])

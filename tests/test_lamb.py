@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertrain.config import ModelConfig
+from bertrain.config import ModelConfig, OptimConfig
 from bertrain.errors import UsageError
 from bertrain.model import build_model
 from bertrain.train import lamb_native, lamb_triton
 from bertrain.train.lamb import Lamb, own_kernel
-from bertrain.train.optim import parameter_groups, row_blocks_of
+from bertrain.train.optim import build_optimizer, parameter_groups, row_blocks_of
 from tests.helpers import assert_rounding_close
 from tests.reference_lamb import ReferenceLamb
 
@@ -281,6 +281,21 @@ def test_row_blocks_must_cut_a_parameter_into_equal_blocks():
     with pytest.raises(ValueError, match=r"shape \(4, 2\) has no 3 row blocks"):
         weight = torch.nn.Parameter(torch.zeros(4, 2))
         Lamb([weight], row_blocks={weight: 3})
+
+
+def test_a_group_without_layer_adaptation_steps_as_adamw_and_keeps_the_setting_from_a_checkpoint(native):
+    # Google's LAMB (BERT, ALBERT) and NVIDIA's give biases and LayerNorms no trust ratio; bertrain gave them one.
+    model, reference_model = tiny_model("albert"), tiny_model("albert")
+    groups = [dict(g, layer_adaptation=False) for g in groups_of(model)]
+    optimizer = Lamb(groups, lr=1e-2, betas=(0.9, 0.98), native=native)
+    reference = torch.optim.AdamW(groups_of(reference_model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6, foreach=False)
+    run_steps([(reference_model, reference), (model, optimizer)], steps=3)
+    for (name, a), b in zip(reference_model.named_parameters(), model.parameters()):
+        assert_rounding_close(b, a, 1, 3, name=name)   # element-wise: no norm
+    built = build_optimizer(model, OptimConfig(name="lamb"))
+    assert [g.get("layer_adaptation", True) for g in built.param_groups] == [True, False]
+    built.load_state_dict(Lamb(groups_of(model)).state_dict())   # groups saved without the setting
+    assert [g.get("layer_adaptation", True) for g in built.param_groups] == [True, False]
 
 
 def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):

@@ -121,8 +121,9 @@ def reference_training(model, steps: list[list[dict]], optim) -> list[dict]:
 
     named = list(model.named_parameters())  # the tied decoder once, as the word embeddings
     exempt = [any(part in name for part in NO_DECAY) for name, _ in named]
+    # Google's LAMB exempts from layer adaptation (the trust ratio) what it exempts from weight decay.
     groups = [{"params": [p for (_, p), e in zip(named, exempt) if not e], "weight_decay": optim.weight_decay},
-              {"params": [p for (_, p), e in zip(named, exempt) if e], "weight_decay": 0.0}]
+              {"params": [p for (_, p), e in zip(named, exempt) if e], "weight_decay": 0.0, "layer_adaptation": False}]
     if optim.name == "lamb":
         optimizer = ReferenceLamb(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
     else:

@@ -126,7 +126,8 @@ class OptimConfig:
     """Optimizer and learning-rate schedule."""
 
     name: Literal["adamw", "lamb"] = opt("adamw", "`adamw`, or `lamb` for large-batch recipes (ALBERT): a trust ratio "
-                                                   "per weight, the fused query/key/value as their three.",
+                                                   "per weight, the fused query/key/value as their three, none for "
+                                                   "biases and LayerNorms (as Google's and NVIDIA's LAMB).",
                                          aliases=("type", "optimizer_name"))
     lr: float = opt(1e-4, "Peak learning rate (must be positive).", aliases=("learning_rate",))
     weight_decay: float = opt(

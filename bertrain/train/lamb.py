@@ -11,7 +11,8 @@ from bertrain.train import lamb_native, lamb_triton
 
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al., 2019): Adam's update + weight_decay * w, rescaled by ||w|| / ||update|| (1 when a norm
-    is 0). Like fused AdamW it takes a `found_inf` device scalar: a non-finite step then changes nothing."""
+    is 0; 1 in a group with `layer_adaptation: False`). Like fused AdamW it takes a `found_inf` device scalar: a
+    non-finite step then changes nothing."""
 
     accepts_found_inf = True  # train/step.py's optimizer_step sets `found_inf` instead of reading the flag
 
@@ -61,13 +62,16 @@ class Lamb(torch.optim.Optimizer):
         blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
         if blocked:  # from here a row-blocked parameter is its blocks (views, updated in place), a step count each
             params, grads, exp_avgs, exp_avg_sqs, steps = self._as_blocks(blocked, params, grads, states)
-        kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native else None
+        adapt = group.get("layer_adaptation", True)
+        kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native and adapt else None
         counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
         if not counts_steps:
             torch._foreach_add_(steps, 1)
-        if kernel is not None:
-            kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
-                               group["eps"], group["weight_decay"], found_inf)
+        if kernel is not None or (not adapt and self.native and adamw_step(params, grads, exp_avgs, exp_avg_sqs,
+                                                                           steps, group, found_inf)):
+            if kernel is not None:
+                kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
+                                   group["eps"], group["weight_decay"], found_inf)
             if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
@@ -79,12 +83,25 @@ class Lamb(torch.optim.Optimizer):
                                   found_inf):
             torch._foreach_sub_(steps, 1)  # skipped (the foreach path read found_inf)
             return
-        ratios = trust_ratios(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)),
-                              torch.stack(torch._foreach_norm(updates, 2, dtype=torch.float32)))
+        if adapt:
+            ratios = trust_ratios(torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32)),
+                                  torch.stack(torch._foreach_norm(updates, 2, dtype=torch.float32)))
+        else:
+            ratios = torch.ones(len(params), device=params[0].device)
         if found_inf is not None:  # the kernel skipped the moments; undo the count, update by zero
             torch._foreach_sub_(steps, [found_inf] * len(steps))
             ratios = torch.where(found_inf > 0, torch.zeros_like(ratios), ratios)  # not 0 * ratio: a NaN norm stays NaN
         torch._foreach_addcmul_(params, updates, list(ratios.unbind(0)), value=-group["lr"])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A checkpoint's state, with each group's `layer_adaptation` as this optimizer was built (the checkpoint's
+        groups replace the built ones, and one from before the setting has none)."""
+        adaptation = [group.get("layer_adaptation") for group in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, adapt in zip(self.param_groups, adaptation):
+            group.pop("layer_adaptation", None)
+            if adapt is not None:
+                group["layer_adaptation"] = adapt
 
     def _as_blocks(self, blocked: list[int], params: list, grads: list, states: list[dict]) -> tuple[list, ...]:
         """(params, grads, exp_avgs, exp_avg_sqs, steps) with the parameters at `blocked` as their row blocks. The
@@ -150,6 +167,19 @@ def own_kernel(*tensor_lists: list[torch.Tensor]):
     if tensors[0].device.type == "cpu" and lamb_native.library() is not None and lamb_native.eligible(tensors):
         return lamb_native
     return None
+
+
+def adamw_step(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, group: dict,
+               found_inf: torch.Tensor | None) -> bool:
+    """A group without layer adaptation: Adam's step plus decoupled weight decay, which is LAMB's update with a
+    trust ratio of 1, by torch's fused AdamW kernel (steps already counted). False where the device has none."""
+    try:
+        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=group["lr"], beta1=group["betas"][0],
+                            beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
+                            amsgrad=False, maximize=False, found_inf=found_inf)
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
 
 
 def start_with_weight_decay(updates: list[torch.Tensor], params: list[torch.Tensor], weight_decay: float) -> None:

@@ -56,6 +56,9 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig,
               for group in parameter_groups(model, config.weight_decay)]
     betas = (float(config.betas[0]), float(config.betas[1]))
     if config.name == "lamb":
+        # As Google's LAMB (BERT, ALBERT: exclude_from_layer_adaptation defaults to the decay exclusions) and
+        # NVIDIA's (use_nvlamb off): no trust ratio for what has no weight decay, the biases and LayerNorms.
+        groups[1]["layer_adaptation"] = False
         return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps, row_blocks=row_blocks_of(model))
     if config.name == "adamw":
         device = device or next(model.parameters()).device
