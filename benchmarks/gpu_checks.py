@@ -185,6 +185,7 @@ def optimizer_case(args) -> dict:
     device = torch.device(args.device)
     model = build_model(load_config(args.config, ["model.vocab_size=30522"]).model).to(device)
     groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.01)]
+    groups[1]["layer_adaptation"] = False  # as build_optimizer gives LAMB (AdamW ignores it)
     for param in model.parameters():
         param.grad = torch.randn_like(param) * 1e-3
     kernel = own_kernel(list(model.parameters()))

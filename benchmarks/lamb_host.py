@@ -47,6 +47,7 @@ def stand_in_groups(config: str) -> tuple[list[dict], dict]:
             if original in blocks:
                 stand_in_blocks[param] = blocks[original]
         groups.append(dict({k: v for k, v in group.items() if k not in ("names", "params")}, params=params))
+    groups[1]["layer_adaptation"] = False  # as build_optimizer gives LAMB
     return groups, stand_in_blocks
 
 

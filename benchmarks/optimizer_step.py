@@ -36,6 +36,7 @@ def bert_base_groups(config_name: str, weight_decay: float) -> tuple[list[dict],
     config = load_config(config_name, ["model.vocab_size=30522"])
     model = build_model(config.model)
     groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, weight_decay)]
+    groups[1]["layer_adaptation"] = False  # as build_optimizer gives LAMB (AdamW ignores it)
     generator = torch.Generator().manual_seed(0)
     for group in groups:
         for param in group["params"]:
