@@ -180,12 +180,11 @@ def optimizer_case(args) -> dict:
     from bertrain.config import load_config
     from bertrain.model import build_model
     from bertrain.train.lamb import Lamb, own_kernel
-    from bertrain.train.optim import parameter_groups, row_blocks_of
+    from bertrain.train.optim import lamb_groups, parameter_groups, row_blocks_of
 
     device = torch.device(args.device)
     model = build_model(load_config(args.config, ["model.vocab_size=30522"]).model).to(device)
-    groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.01)]
-    groups[1]["layer_adaptation"] = False  # as build_optimizer gives LAMB (AdamW ignores it)
+    groups = lamb_groups([{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.01)])
     for param in model.parameters():
         param.grad = torch.randn_like(param) * 1e-3
     kernel = own_kernel(list(model.parameters()))

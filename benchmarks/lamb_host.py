@@ -22,7 +22,7 @@ from bertrain.config import load_config
 from bertrain.model import build_model
 from bertrain.train import lamb_triton
 from bertrain.train.lamb import Lamb
-from bertrain.train.optim import parameter_groups, row_blocks_of
+from bertrain.train.optim import lamb_groups, parameter_groups, row_blocks_of
 
 KERNELS = ("_count_steps", "_moments_and_squares", "_trust_ratios", "_apply", "_pipelined")
 
@@ -40,14 +40,13 @@ def stand_in_groups(config: str) -> tuple[list[dict], dict]:
     model = build_model(load_config(config, ["model.vocab_size=30522"]).model)
     blocks = row_blocks_of(model)
     groups, stand_in_blocks = [], {}
-    for group in parameter_groups(model, 0.01):
+    for group in lamb_groups(parameter_groups(model, 0.01)):
         params = [torch.zeros(4 * blocks.get(p, 1), requires_grad=True) for p in group["params"]]
         for param, original in zip(params, group["params"]):
             param.grad = torch.zeros_like(param)
             if original in blocks:
                 stand_in_blocks[param] = blocks[original]
         groups.append(dict({k: v for k, v in group.items() if k not in ("names", "params")}, params=params))
-    groups[1]["layer_adaptation"] = False  # as build_optimizer gives LAMB
     return groups, stand_in_blocks
 
 

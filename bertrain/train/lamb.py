@@ -61,17 +61,21 @@ class Lamb(torch.optim.Optimizer):
         steps = [s["step"] for s in states]
         blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
         if blocked:  # from here a row-blocked parameter is its blocks (views, updated in place), a step count each
-            params, grads, exp_avgs, exp_avg_sqs, steps = self._as_blocks(blocked, params, grads, states)
+            params, grads, exp_avgs, exp_avg_sqs, steps = self._as_blocks(blocked, params, grads, exp_avgs,
+                                                                          exp_avg_sqs, steps)
         adapt = group.get("layer_adaptation", True)
         kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native and adapt else None
         counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
         if not counts_steps:
             torch._foreach_add_(steps, 1)
-        if kernel is not None or (not adapt and self.native and adamw_step(params, grads, exp_avgs, exp_avg_sqs,
-                                                                           steps, group, found_inf)):
-            if kernel is not None:
-                kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
-                                   group["eps"], group["weight_decay"], found_inf)
+        if kernel is not None:
+            kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
+                               group["eps"], group["weight_decay"], found_inf)
+            fused = True
+        else:  # no trust ratio: torch's fused AdamW kernel where the device has one
+            fused = not adapt and self.native and adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, group,
+                                                              found_inf)
+        if fused:
             if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
@@ -103,16 +107,15 @@ class Lamb(torch.optim.Optimizer):
             if adapt is not None:
                 group["layer_adaptation"] = adapt
 
-    def _as_blocks(self, blocked: list[int], params: list, grads: list, states: list[dict]) -> tuple[list, ...]:
-        """(params, grads, exp_avgs, exp_avg_sqs, steps) with the parameters at `blocked` as their row blocks. The
-        views of a parameter and its state are made once (per storage: a swapped .data makes them anew): each view
-        costs host time, which the GPU step is bound by; a gradient's are made each step."""
-        lists: list[list] = [list(params), list(grads), [s["exp_avg"] for s in states],
-                             [s["exp_avg_sq"] for s in states], [s["step"] for s in states]]
+    def _as_blocks(self, blocked: list[int], *lists: list) -> tuple[list, ...]:
+        """The lists (params, grads, exp_avgs, exp_avg_sqs, steps) with the parameters at `blocked` as their row
+        blocks. The views of a parameter and its state are made once (per storage: a swapped .data makes them
+        anew): each view costs host time, which the GPU step is bound by; a gradient's are made each step."""
+        params, grads, exp_avgs, exp_avg_sqs, steps = lists
         pieces: list[list] = [[] for _ in lists]
         for i in blocked:
-            param, state, count = params[i], states[i], self.row_blocks[params[i]]
-            own = (param, state["exp_avg"], state["exp_avg_sq"], state["step"])
+            param, count = params[i], self.row_blocks[params[i]]
+            own = (param, exp_avgs[i], exp_avg_sqs[i], steps[i])
             key = tuple(t.data_ptr() for t in own)
             cached = self._block_views.get(param)
             if cached is None or cached[0] != key:

@@ -31,6 +31,14 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def lamb_groups(groups: list[dict]) -> list[dict]:
+    """parameter_groups' two groups (decay, no decay) as LAMB takes them: as Google's LAMB (BERT, ALBERT:
+    exclude_from_layer_adaptation defaults to the decay exclusions) and NVIDIA's (use_nvlamb off), no trust ratio
+    for what has no weight decay, the biases and LayerNorms. AdamW ignores the setting."""
+    decay, no_decay = groups
+    return [decay, dict(no_decay, layer_adaptation=False)]
+
+
 def row_blocks_of(model: torch.nn.Module) -> dict[torch.Tensor, int]:
     """{parameter: n} of the modules that stack n weights by rows (`row_blocks`, e.g. the fused query/key/value)."""
     return {param: module.row_blocks for module in model.modules() if getattr(module, "row_blocks", 1) > 1
@@ -56,10 +64,7 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig,
               for group in parameter_groups(model, config.weight_decay)]
     betas = (float(config.betas[0]), float(config.betas[1]))
     if config.name == "lamb":
-        # As Google's LAMB (BERT, ALBERT: exclude_from_layer_adaptation defaults to the decay exclusions) and
-        # NVIDIA's (use_nvlamb off): no trust ratio for what has no weight decay, the biases and LayerNorms.
-        groups[1]["layer_adaptation"] = False
-        return Lamb(groups, lr=config.lr, betas=betas, eps=config.eps, row_blocks=row_blocks_of(model))
+        return Lamb(lamb_groups(groups), lr=config.lr, betas=betas, eps=config.eps, row_blocks=row_blocks_of(model))
     if config.name == "adamw":
         device = device or next(model.parameters()).device
         speed = {"fused": True} if fused_supported(device) else {"foreach": True}
