@@ -125,7 +125,7 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
     from bertrain.model import build_model
     from bertrain.train.optim import build_optimizer
     from bertrain.train.setup import build_accelerator, resolve_run_config
-    from bertrain.train.step import NonFiniteWatch, optimizer_step, train_step
+    from bertrain.train.step import LossScale, NonFiniteWatch, optimizer_step, train_step
     from bertrain.train.stream import TrainStream
 
     overrides = sync_overrides(optimizer_name, unpad, args)
@@ -139,12 +139,13 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
     stream = TrainStream(prepared, config.data, seed=0, micro_batch_size=args.micro_batch, rank=0, world_size=1,
                          epoch=0, micro_batch=0, device_type=accelerator.device.type)
     watch = NonFiniteWatch()
+    loss_scale = LossScale(accelerator.scaler) if accelerator.scaler is not None else None  # fp16: one read a step
 
     def step():
         batches = [stream.next(), stream.next()]  # outside: the loader is not the step
         with counting_syncs(accelerator.device) as found:
             result = train_step(model, accelerator, batches, max_grad_norm=1.0)
-            optimizer_step(optimizer, result.finite, accelerator.scaler)
+            optimizer_step(optimizer, result.finite, loss_scale)
             watch.add(result.finite)
         return found, result
 
@@ -159,7 +160,7 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
         torch.cuda.set_sync_debug_mode("error")
         try:
             result = train_step(model, accelerator, batches, max_grad_norm=1.0)
-            optimizer_step(optimizer, result.finite, accelerator.scaler)
+            optimizer_step(optimizer, result.finite, loss_scale)
             watch.add(result.finite)
             error_mode = "passed"
         except RuntimeError as error:

@@ -161,14 +161,17 @@ class TrainConfig:
         "auto", "Autocast precision. `auto` picks per device when the run starts: bf16 on CUDA GPUs that support it "
         "(Ampere and newer), fp16 with a loss scaler on older GPUs, bf16 on CPUs with native bf16 (AVX512-BF16 or "
         "AMX), else fp32 (`no`): on a CPU without native bf16 a bf16 matmul is many times slower than fp32. "
-        "`fp16` needs a CUDA GPU (refused on a CPU); `bf16` on a CPU without native bf16 warns.")
+        "`fp16` needs a CUDA GPU (refused on a CPU); `bf16` on a CPU without native bf16 warns. Under fp16 a step "
+        "whose gradients overflow at the current loss scale is skipped and not counted (the scale halves; read every "
+        "step, logged as `loss_scale`), and a scale below 1e-4 stops the run as diverged (fairseq's rule).")
     tf32: bool = opt(True, "Allow TF32 tensor cores for matmuls and convolutions that run in fp32 on CUDA (Ampere "
                            "and newer): several times faster, with a 10-bit mantissa per product. Ignored on CPUs.")
     save_every: int = opt(1000, "Checkpoint every N optimizer steps (also at the end and on a signal).")
     keep_last: int = opt(3, "Checkpoints kept; older ones are removed only after a new one is complete.")
     eval_every: int = opt(1000, "Evaluate on the validation split every N steps and after the last (0: never).")
     log_every: int = opt(10, "Log metrics every N steps.")
-    max_bad_steps: int = opt(10, "Stop after this many non-finite losses in a row (such steps are skipped).")
+    max_bad_steps: int = opt(10, "Stop after this many non-finite losses in a row (such steps are skipped; "
+                                 "without fp16 they still count as steps).")
     requeue_exit_code: int = opt(75, "Exit code after a SIGTERM/SIGUSR1-triggered checkpoint, for job scripts to "
                                  "requeue (after Ctrl-C: 130).")
     deterministic: bool = opt(False, "torch.use_deterministic_algorithms (exact resume tests use it).")

@@ -19,7 +19,7 @@ from bertrain import rundir
 from bertrain.config import Config, check_precision_for_device, micro_batch_size_for
 from bertrain.console import human_seconds, make_console
 from bertrain.data.loader import EmptyEpochError
-from bertrain.errors import EXIT_CTRL_C, Interrupted, TrainingDiverged
+from bertrain.errors import EXIT_CTRL_C, Interrupted
 from bertrain.model import build_model, compile_layers
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
@@ -34,7 +34,8 @@ from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
 from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
-from bertrain.train.step import NonFiniteWatch, StepResult, end_training, optimizer_step, train_step
+from bertrain.train.step import (LossScale, NonFiniteWatch, StepResult, end_training, optimizer_step,
+                                 too_many_bad_steps, train_step)
 from bertrain.train.stream import TrainStream
 from bertrain.train.threads import ThreadTuner, plan_threads, start_tuner
 
@@ -60,6 +61,7 @@ class Session:
     start_step: int
     start_time: float = field(default_factory=time.time)
     watch: NonFiniteWatch = field(default_factory=NonFiniteWatch)  # skipped steps, read at log and save time
+    loss_scale: LossScale | None = None  # fp16's grad scaler
     window_time: float = field(default_factory=time.time)
     window_tokens: int = 0
     window_samples: int = 0
@@ -198,9 +200,7 @@ class Trainer:
 
     def _done(self, state: TrainState) -> bool:
         train = self.config.train
-        if train.max_tokens is not None:
-            return state.tokens_seen >= train.max_tokens
-        return state.step >= train.max_steps
+        return state.tokens_seen >= train.max_tokens if train.max_tokens is not None else state.step >= train.max_steps
 
     def _save(self, parts: Parts) -> Path:
         saved = checkpoint.save_checkpoint(self.accelerator, self.run_dir, self.config, self.prepared, parts.model,
@@ -215,7 +215,7 @@ class Trainer:
     def _loop(self, parts: Parts, num_parameters: int) -> int:
         train, accelerator, state = self.config.train, self.accelerator, parts.state
         parts.model.train()
-        session = Session(start_step=state.step)
+        session = Session(state.step, loss_scale=LossScale(accelerator.scaler) if accelerator.scaler else None)
         if self.thread_plan is not None:
             parts.tuner = start_tuner(self.thread_plan, parts.model, accelerator, self.config, self.prepared,
                                       parts.micro_batch_size, parts.monitor.message)
@@ -290,12 +290,14 @@ class Trainer:
         return self._after_step(parts, session, metrics, lr, applied)
 
     def _apply_update(self, parts: Parts, session: Session, metrics: StepResult) -> bool:
-        """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread (step.py),
-        and still counts as a step (_check_finite reads the count); fp16's scaler skips an overflow uncounted."""
-        state, scaler = parts.state, self.accelerator.scaler
-        applied = optimizer_step(parts.optimizer, metrics.finite, scaler)
-        if scaler is None:
-            session.watch.add(metrics.finite)
+        """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread, and still
+        counts as a step; fp16's scaler skips an overflow uncounted, read every step (step.py's LossScale)."""
+        state, scale = parts.state, session.loss_scale
+        applied = optimizer_step(parts.optimizer, metrics.finite, scale)
+        session.watch.add(metrics.finite if scale is None else metrics.loss_finite)
+        if scale is not None:
+            self._check_finite(parts, session)
+            scale.check(state.step)
         if applied:
             parts.scheduler.step()
             state.step += 1
@@ -311,11 +313,7 @@ class Trainer:
             parts.monitor.warn(f"step {state.step}: non-finite loss or gradient in {since} step(s) since the last "
                                f"check; update skipped, step skipped ({state.bad_steps} in a row).")
         if state.bad_steps >= self.config.train.max_bad_steps:
-            raise TrainingDiverged(
-                f"Training stopped at step {state.step}: {state.bad_steps} non-finite steps in a row "
-                f"(train.max_bad_steps); their updates were not applied and checkpoints are written only after a "
-                f"finite step, so the newest checkpoint ({session.last_checkpoint or 'none from this session'}) "
-                f"is finite. Lower optim.lr, keep optim.max_grad_norm set, or use bf16 instead of fp16.")
+            raise too_many_bad_steps(state.step, state.bad_steps, session.last_checkpoint)
 
     def _after_step(self, parts: Parts, session: Session, metrics: StepResult, lr: float, applied: bool) -> bool:
         """Log, evaluate and save as due; True when a signal or train.stop_at_step ends the run here."""
@@ -323,7 +321,7 @@ class Trainer:
         done = self._done(state)
         stop_here = train.stop_at_step is not None and state.step >= train.stop_at_step
         log_due = applied and (state.step % train.log_every == 0 or done or metrics.stop)
-        save_due = state.step % train.save_every == 0 or done or metrics.stop or stop_here
+        save_due = (applied and state.step % train.save_every == 0) or done or metrics.stop or stop_here
         if log_due or save_due:  # one device read serves both; never save right after a skipped step
             self._check_finite(parts, session)
         if log_due:
@@ -366,6 +364,8 @@ class Trainer:
             "grad_norm": metrics["grad_norm"], "tokens_per_s": session.window_tokens / elapsed,
             "samples_per_s": session.window_samples / elapsed, "tokens_seen": state.tokens_seen,
             "samples_seen": state.samples_seen}
+        if session.loss_scale is not None:  # fp16
+            session.last_record["loss_scale"] = session.loss_scale.value
         parts.monitor.log(session.last_record)
         if parts.tuner is not None:
             parts.tuner.observe(session.last_record["tokens_per_s"])

@@ -10,8 +10,11 @@ import torch
 import torch.distributed as dist
 
 from bertrain.batch_layout import map_tensors
+from bertrain.errors import TrainingDiverged
 from bertrain.train.signals import requeue_requested, stop_requested
 
+# fairseq's min_loss_scale: no fp16 loss scale below it makes the gradients finite; the loss is diverging.
+MIN_LOSS_SCALE = 1e-4
 _host_group = None
 _end_barriers: list = []  # end_training's barrier works, kept while the process lives
 
@@ -62,6 +65,7 @@ class StepResult:
     sums: torch.Tensor       # [4] float64, this rank: MLM loss sum, MLM correct, sentence loss sum, correct
     grad_norm: torch.Tensor  # global, after DDP's all-reduce
     finite: torch.Tensor     # bool, the same on every rank: loss and gradient norm finite
+    loss_finite: torch.Tensor  # bool, the same on every rank: the loss finite (fp16: overflowed gradients are not bad)
 
     def read(self, accelerator) -> dict:
         """The step's metrics as floats (one device read; an all-reduce of the sums first with several ranks)."""
@@ -112,24 +116,60 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
             accelerator.backward(out.loss)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(),
                                             max_grad_norm if max_grad_norm is not None else float("inf"))
-    finite = torch.isfinite(sums[0] + sums[2]) & torch.isfinite(grad_norm)
+    loss_finite = torch.isfinite(sums[0] + sums[2])
+    finite = loss_finite & torch.isfinite(grad_norm)
     if world > 1:  # every rank must skip alike: a NaN loss on one rank may leave finite all-reduced gradients
-        bad = (~finite).to(torch.int32)
+        bad = torch.stack([~finite, ~loss_finite]).to(torch.int32)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        finite = bad == 0
+        finite, loss_finite = bad[0] == 0, bad[1] == 0
     stops, requeues = host_sum(accelerator, [int(stop_requested()), int(requeue_requested())])
     return StepResult(tokens, instances, predicted, labelled, has_sentence, stops > 0, requeues > 0, sums, grad_norm,
-                      finite)
+                      finite, loss_finite)
 
 
-def optimizer_step(optimizer, finite: torch.Tensor, scaler) -> bool:
+class LossScale:
+    """fp16's grad scaler seen from the loop: whether it applied a step, read once a step (its scale falls exactly
+    when it skips one). Accelerate's step_was_skipped is always False for an optimizer that takes found_inf (fused
+    AdamW): the scaler calls its step, which then changes nothing."""
+
+    def __init__(self, scaler) -> None:
+        self.scaler, self.value = scaler, None
+
+    def step(self, optimizer) -> bool:
+        """optimizer.step() through the scaler; whether it updated the weights."""
+        if self.value is None:
+            self.value = self.scaler.get_scale()  # the checkpoint's, on a resumed run
+        optimizer.step()
+        before, self.value = self.value, self.scaler.get_scale()
+        return self.value >= before
+
+    def check(self, step: int) -> None:
+        """Stop a run whose gradients overflow at every scale (fairseq's rule, at its min_loss_scale)."""
+        if self.value < MIN_LOSS_SCALE:
+            raise TrainingDiverged(
+                f"Training stopped at step {step}: the fp16 loss scale fell to {self.value:.3g}, below "
+                f"{MIN_LOSS_SCALE:g}: the gradients overflowed however small the scale, and those updates were "
+                f"skipped. Lower optim.lr, keep optim.max_grad_norm set, or use bf16 (train.mixed_precision) where "
+                f"the GPU has it.")
+
+
+def too_many_bad_steps(step: int, bad_steps: int, last_checkpoint) -> TrainingDiverged:
+    """The error that stops a run after train.max_bad_steps non-finite steps in a row."""
+    return TrainingDiverged(
+        f"Training stopped at step {step}: {bad_steps} non-finite steps in a row (train.max_bad_steps); their "
+        f"updates were not applied and checkpoints are written only after a finite step, so the newest checkpoint "
+        f"({last_checkpoint or 'none from this session'}) is finite. Lower optim.lr, keep optim.max_grad_norm set, "
+        f"or use bf16 instead of fp16.")
+
+
+def optimizer_step(optimizer, finite: torch.Tensor, loss_scale: LossScale | None) -> bool:
     """Step and zero the gradients so that nothing changes where `finite` is False, without a host read when the
-    optimizer takes `found_inf` (else one sync). A grad scaler skips itself. Returns whether the step counts."""
+    optimizer takes `found_inf` (else one sync). Under fp16 the grad scaler skips by itself (`loss_scale` reads
+    whether it did). Returns whether the step counts."""
     inner = getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's AcceleratedOptimizer
     applied = True
-    if scaler is not None:
-        optimizer.step()
-        applied = not getattr(optimizer, "step_was_skipped", False)
+    if loss_scale is not None:
+        applied = loss_scale.step(optimizer)
     elif getattr(inner, "accepts_found_inf", False) or (
             getattr(inner, "_step_supports_amp_scaling", False) and getattr(inner, "defaults", {}).get("fused")):
         inner.found_inf = (~finite).to(torch.float32)
