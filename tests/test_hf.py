@@ -230,6 +230,21 @@ def test_init_from_a_transformers_dir_and_a_checkpoint(exported, tmp_path):
         initialize_from(wrong, hf_dir)
 
 
+def test_init_from_sharded_safetensors_and_a_pytorch_model_bin_reads_the_same_weights(exported, tmp_path):
+    # Larger hub models are sharded (model.safetensors.index.json), older ones have only pytorch_model.bin.
+    kind, model, _, hf_dir, _ = exported
+    twin = transformers.AutoModelForPreTraining.from_pretrained(hf_dir)
+    twin.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "sharded").glob("model-*-of-*.safetensors"))) > 1
+    (tmp_path / "bin").mkdir()
+    shutil.copy(hf_dir / "config.json", tmp_path / "bin")
+    torch.save(twin.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    for source in (tmp_path / "sharded", tmp_path / "bin"):
+        fresh = build_model(model.config)
+        initialize_from(fresh, source)
+        assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
 @pytest.mark.cross_path
 def test_init_from_an_encoder_only_checkpoint_keeps_fresh_heads(tmp_path):
     config = tiny_config("bert", 120)
