@@ -79,6 +79,31 @@ def test_mixed_formats_exact_counts_and_tokens(tmp_path, pydoc_text, kind):
     assert not (tmp_path / "data" / "work" / "documents").exists()  # intermediate text removed
 
 
+def test_a_datasets_dict_directory_gives_the_source_s_split_only(tmp_path):
+    # `DatasetDict.save_to_disk` (what load_dataset returns, saved) holds several splits; the source names one.
+    import datasets
+
+    from bertrain.errors import DataError
+
+    splits = {name: [f"{name.title()} split document {i} is here. It has a second sentence." for i in range(3)]
+              for name in ("train", "test")}
+    datasets.DatasetDict({name: datasets.Dataset.from_dict({"text": texts})
+                          for name, texts in splits.items()}).save_to_disk(str(tmp_path / "dict"))
+    for name, texts in splits.items():
+        source = SourceConfig(path=str(tmp_path / "dict"), format="arrow", split=name)
+        manifest = prepare_corpus(Recipe(prepare=PrepareConfig(sources=[source], num_shards=1, workers=1,
+                                                               validation_fraction=0.0),
+                                         tokenizer=TokenizerConfig(vocab_size=200)), tmp_path / f"data-{name}")
+        tokenizer = load_tokenizer(tmp_path / f"data-{name}" / "tokenizer")
+        expected = [tuple(tuple(e.ids) for e in tokenizer.encode_batch(normalize_document(
+            "text", text, 1, 10**6, Counter()), add_special_tokens=False)) for text in texts]
+        assert manifest["counts"]["documents_written"] == 3
+        assert sorted(stored_documents(tmp_path / f"data-{name}")) == sorted(expected)
+    source = SourceConfig(path=str(tmp_path / "dict"), format="arrow", split="validation")
+    with pytest.raises(DataError, match="no split 'validation' \\(splits: train, test\\)"):
+        prepare_corpus(Recipe(prepare=PrepareConfig(sources=[source], workers=1)), tmp_path / "data-missing")
+
+
 def test_rerun_is_noop_and_changes_are_not_reused(tmp_path, pydoc_text):
     make_mixed_dir(tmp_path / "mixed", pydoc_text)
     first = prepare_corpus(recipe(tmp_path / "mixed"), tmp_path / "data")
