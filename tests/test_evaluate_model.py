@@ -126,3 +126,28 @@ def test_classifier_config_keeps_the_encoder_config():
     assert config["problem_type"] == "regression" and config["id2label"] == {"0": "LABEL_0"}
     assert {k: v for k, v in config.items() if k in hf_config(model.config)} | {"architectures": None} == \
         {**hf_config(model.config), "architectures": None}
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_batches_rounded_up_for_a_gpu_stay_within_the_position_table(pack):
+    # On CUDA fine-tuning pads batches to a multiple of 8; a table of 38 positions has no row 39, so a batch whose
+    # longest example fills it stays at 38, and one of 21 tokens becomes 24. Logits are those of unrounded batches.
+    import numpy as np
+
+    from bertrain.data.task_batches import EncodedSplit, collate
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(build_model(ModelConfig(type="bert", **{**SMALL, "max_position_embeddings": 38})), 2)
+    lengths = np.array([38, 21, 9])
+    ids = np.random.default_rng(0).integers(5, SMALL["vocab_size"], int(lengths.sum()))
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    split = EncodedSplit(ids, np.zeros_like(ids), offsets, lengths, np.array([0, 1, 0]), max_length=38)
+    model.eval()
+    for indices, width in (([0, 1, 2], 38), ([1, 2], 24)):
+        rounded, plain = (collate(split, np.array(indices), 0, (lambda share: pack) if pack else None, multiple)
+                          for multiple in (8, 1))
+        assert rounded.input_ids.shape[1] == width
+        with torch.no_grad():
+            logits = [model(b.input_ids, b.attention_mask, b.token_type_ids, packing=b.packing).logits
+                      for b in (rounded, plain)]
+        assert (logits[0] - logits[1]).abs().max() <= 1e-5

@@ -24,6 +24,7 @@ class EncodedSplit:
     offsets: np.ndarray    # [examples]
     lengths: np.ndarray    # [examples]
     labels: np.ndarray     # [examples] int64 class ids or float32 targets
+    max_length: int        # the truncation length, within the model's position table
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -66,15 +67,16 @@ def encode(tokenizer: Tokenizer, examples: Examples, max_length: int, regression
     lengths_array = np.asarray(lengths, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths_array)[:-1]]).astype(np.int64)
     labels = np.asarray(examples.labels, dtype=np.float32 if regression else np.int64)
-    return EncodedSplit(np.concatenate(ids), np.concatenate(types), offsets, lengths_array, labels)
+    return EncodedSplit(np.concatenate(ids), np.concatenate(types), offsets, lengths_array, labels, max_length)
 
 
 def collate(split: EncodedSplit, indices: np.ndarray, pad_token_id: int,
             pack_when: Callable[[float], bool] | None = None, multiple_of: int = 1) -> TaskBatch:
-    """The batch of these examples, padded to the longest (rounded up to `multiple_of`); packed when
+    """The batch of these examples, padded to the longest (rounded up to `multiple_of`, but never past the
+    truncation length: a position table of 100 would have no row for a width of 104); packed when
     `pack_when(padding share)` says so."""
     lengths = split.lengths[indices]
-    width = int(-(-int(lengths.max()) // multiple_of) * multiple_of)
+    width = min(int(-(-int(lengths.max()) // multiple_of) * multiple_of), max(int(lengths.max()), split.max_length))
     ids = np.full((len(indices), width), pad_token_id, dtype=np.int64)
     types = np.zeros((len(indices), width), dtype=np.int64)
     columns = np.arange(width)[None, :]

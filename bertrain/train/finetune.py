@@ -153,7 +153,7 @@ def _loss(model: SequenceClassifier, batch: TaskBatch, device: torch.device, dty
 def _first(split: EncodedSplit, count: int) -> EncodedSplit:
     end = int(split.offsets[count - 1] + split.lengths[count - 1])
     return EncodedSplit(split.ids[:end], split.types[:end], split.offsets[:count], split.lengths[:count],
-                        split.labels[:count])
+                        split.labels[:count], split.max_length)
 
 
 @torch.no_grad()
