@@ -97,6 +97,7 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
     dtype = autocast_dtype(recipe, device)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     hidden, unpad = model.config.hidden_size, getattr(model.config, "unpad", "auto")
+    # model.unpad's auto rule was measured on CPUs; a GPU's fine-tuning step packed is not measured yet: padded.
     pack_when = None if device.type != "cpu" and unpad == "auto" else (lambda share: should_pack(share, hidden, unpad))
     multiple_of = 8 if device.type == "cuda" else 1
     model.train()
