@@ -12,6 +12,7 @@ import torch
 
 import bertrain.train.loop as loop
 from bertrain.rundir import iter_checkpoints
+from bertrain.train.checkpoint import read_state
 from tests.helpers import TINY, final_weights, write_config
 
 STEPS = 6
@@ -151,3 +152,62 @@ def test_gradients_that_overflow_at_every_scale_stop_the_run(run_cli, tmp_path, 
     # 1 / 2^14 is the first halving below fairseq's minimum loss scale, 1e-4.
     assert "the fp16 loss scale fell to 6.1e-05, below 0.0001" in " ".join(text.split())
     assert len(iterations) == 14 and not train and not list(iter_checkpoints(run_dir))
+
+
+def _faults(monkeypatch, overflow=(), infinite_loss=()):
+    """At these 1-based loop iterations: gradients infinite with a finite loss (`overflow`), or the loss infinite
+    with finite gradients (`infinite_loss`: a constant added after the forward). Returns the iteration count."""
+    count, build, one_step = [0], loop.build_model, loop.Trainer._one_step
+
+    def counted(self, parts, session):
+        count[0] += 1
+        return one_step(self, parts, session)
+
+    def faulty(model_config, **options):
+        model = build(model_config, **options)
+        model.embeddings.position_embeddings.weight.register_hook(
+            lambda grad: grad + float("inf") if count[0] in overflow else grad)
+
+        def add_infinity(module, inputs, output):
+            if count[0] in infinite_loss and module.training:
+                output.loss, output.mlm_loss_sum = output.loss + float("inf"), output.mlm_loss_sum + float("inf")
+            return output
+
+        model.register_forward_hook(add_infinity)
+        return model
+
+    monkeypatch.setattr(loop, "build_model", faulty)
+    monkeypatch.setattr(loop.Trainer, "_one_step", counted)
+    return count
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_an_infinite_loss_with_finite_gradients_is_skipped_too(run_cli, tmp_path, tiny_data, fresh_accelerate, fp16,
+                                                                monkeypatch, optimizer):
+    # The scaler looks at gradients only; a non-finite loss is skipped as without fp16, and counts as a bad step.
+    fp16["scaler"]["init_scale"] = 2.0 ** 8  # no overflow of its own
+    count = _faults(monkeypatch, infinite_loss={3})
+    code, text, run_dir, train = _pretrain(run_cli, tmp_path, tiny_data, "run", optimizer)
+    assert code == 0, text
+    assert count[0] == STEPS + 1 and [r["step"] for r in train] == list(range(1, STEPS + 1))
+    assert [r["loss_scale"] for r in train] == [2.0 ** 8] * 2 + [2.0 ** 7] * (STEPS - 2)  # halved by the skip
+    assert "non-finite loss or gradient in 1 step(s)" in " ".join(text.split())
+    saved = read_state(run_dir / "checkpoints" / f"step-{STEPS:08d}", "optimizer")["state"]
+    steps = {float(count) for state in saved.values() for count in torch.as_tensor(state["step"]).reshape(-1)}
+    assert steps == {float(STEPS)}  # every parameter updated once a counted step, not on the skipped one
+
+
+def test_a_token_budget_ends_on_an_applied_step(run_cli, tmp_path, tiny_data, fresh_accelerate, fp16, monkeypatch):
+    code, text, _, reference = _pretrain(run_cli, tmp_path, tiny_data, "reference", "adamw")
+    assert code == 0, text
+    budget = reference[3]["tokens_seen"] + 1  # reached by the 5th micro-batch, which overflows
+    _faults(monkeypatch, overflow={5})
+    code, text, run_dir, train = _pretrain(run_cli, tmp_path, tiny_data, "run", "adamw",
+                                           train={"max_steps": None, "max_tokens": budget, "eval_every": 1000})
+    assert code == 0, text
+    # The skipped 5th micro-batch's tokens count, but the run goes on to step 5: logged, evaluated and saved.
+    assert train[-1]["step"] == 5 and train[-1]["tokens_seen"] >= budget
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [5]
+    state = json.loads((run_dir / "checkpoints" / "step-00000005" / "train_state.json").read_text())
+    assert state["tokens_seen"] == train[-1]["tokens_seen"] and state["micro_batch"] == 6

@@ -62,6 +62,7 @@ class Session:
     start_time: float = field(default_factory=time.time)
     watch: NonFiniteWatch = field(default_factory=NonFiniteWatch)  # skipped steps, read at log and save time
     loss_scale: LossScale | None = None  # fp16's grad scaler
+    skipped_last: bool = False  # fp16: the scaler skipped the last step
     window_time: float = field(default_factory=time.time)
     window_tokens: int = 0
     window_samples: int = 0
@@ -198,9 +199,11 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _done(self, state: TrainState) -> bool:
-        train = self.config.train
-        return state.tokens_seen >= train.max_tokens if train.max_tokens is not None else state.step >= train.max_steps
+    def _done(self, state: TrainState, session: Session) -> bool:
+        train = self.config.train  # a token budget ends on an applied step: fp16's skipped steps read tokens too
+        if train.max_tokens is not None:
+            return state.tokens_seen >= train.max_tokens and not session.skipped_last
+        return state.step >= train.max_steps
 
     def _save(self, parts: Parts) -> Path:
         saved = checkpoint.save_checkpoint(self.accelerator, self.run_dir, self.config, self.prepared, parts.model,
@@ -230,12 +233,8 @@ class Trainer:
                 f"accumulation, global batch {train.batch_size}, device {accelerator.device}.")
         try:
             with ctrl_c_saves():
-                while not self._done(state) and not self._one_step(parts, session):
+                while not self._done(state, session) and not self._one_step(parts, session):
                     pass
-            saved_step = rundir.step_of(session.last_checkpoint) if session.last_checkpoint else None
-            if self._done(state) and state.step > session.start_step and saved_step != state.step \
-                    and not state.bad_steps:
-                session.last_checkpoint = self._save(parts)  # budget reached on a skipped step
         except OSError as error:  # disk full or read-only (metrics): name the file and what to do
             session.stop_reason = f"failed: {type(error).__name__}"
             raise checkpoint.write_error(error, f"training (step {state.step})", self.run_dir) from None
@@ -256,12 +255,13 @@ class Trainer:
 
     def _stop_message(self, state: TrainState, session: Session) -> str:
         """What a signal-stopped run says last: the step, the checkpoint, and how to resume."""
-        if session.exit_code != EXIT_CTRL_C:
-            return (f"Stopped by a signal after step {state.step}; checkpoint {session.last_checkpoint}. Exit code "
-                    f"{session.exit_code}: requeue the job (or run the same command) to resume.")
         last = session.last_checkpoint
-        saved = f"checkpoint saved ({last})" if last and rundir.step_of(last) == state.step else \
-            f"step {state.step} was not finite and not saved; newest checkpoint {last or 'none from this session'}"
+        if session.exit_code != EXIT_CTRL_C:
+            return (f"Stopped by a signal after step {state.step}; checkpoint {last or 'none from this session'}. "
+                    f"Exit code {session.exit_code}: requeue the job (or run the same command) to resume.")
+        saved = f"checkpoint saved ({last})" if last and rundir.step_of(last) == state.step else (
+            f"the last step was not finite, so step {state.step} was not saved; newest checkpoint "
+            f"{last or 'none from this session'}")
         return f"Stopped by Ctrl-C after step {state.step}; {saved}; the same command resumes. Exit code {EXIT_CTRL_C}."
 
     def _one_step(self, parts: Parts, session: Session) -> bool:
@@ -294,6 +294,7 @@ class Trainer:
         counts as a step; fp16's scaler skips an overflow uncounted, read every step (step.py's LossScale)."""
         state, scale = parts.state, session.loss_scale
         applied = optimizer_step(parts.optimizer, metrics.finite, scale)
+        session.skipped_last = not applied
         session.watch.add(metrics.finite if scale is None else metrics.loss_finite)
         if scale is not None:
             self._check_finite(parts, session)
@@ -304,8 +305,7 @@ class Trainer:
         return applied
 
     def _check_finite(self, parts: Parts, session: Session) -> None:
-        """Read how many steps were skipped as non-finite (one device read): warn, and stop after
-        train.max_bad_steps in a row. A checkpoint is written only when the last step was finite."""
+        """Read how many steps were non-finite (one device read): warn; stop after train.max_bad_steps in a row."""
         state = parts.state
         since, state.bad_steps = session.watch.read()
         if since:
@@ -318,12 +318,12 @@ class Trainer:
     def _after_step(self, parts: Parts, session: Session, metrics: StepResult, lr: float, applied: bool) -> bool:
         """Log, evaluate and save as due; True when a signal or train.stop_at_step ends the run here."""
         train, state = self.config.train, parts.state
-        done = self._done(state)
+        done = self._done(state, session)
         stop_here = train.stop_at_step is not None and state.step >= train.stop_at_step
         log_due = applied and (state.step % train.log_every == 0 or done or metrics.stop)
         save_due = (applied and state.step % train.save_every == 0) or done or metrics.stop or stop_here
-        if log_due or save_due:  # one device read serves both; never save right after a skipped step
-            self._check_finite(parts, session)
+        if (log_due or save_due) and session.loss_scale is None:  # one device read serves both (fp16: read already)
+            self._check_finite(parts, session)  # never save right after a non-finite step
         if log_due:
             self._log(parts, session, metrics.read(self.accelerator), lr)
         evaluate_now = applied and train.eval_every and (state.step % train.eval_every == 0 or done)  # and the end

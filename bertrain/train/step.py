@@ -113,7 +113,10 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
                         token_type_ids=batch["token_type_ids"], labels=batch["labels"],
                         sentence_label=batch.get("sentence_label"), layout=batch["layout"], **normalizers)
             sums += _metric_sums(out, device)
-            accelerator.backward(out.loss)
+            loss = out.loss
+            if accelerator.scaler is not None:  # fp16: a non-finite loss makes every gradient NaN: the scaler skips
+                loss = loss * torch.where(torch.isfinite(loss), 1.0, float("nan"))
+            accelerator.backward(loss)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(),
                                             max_grad_norm if max_grad_norm is not None else float("inf"))
     loss_finite = torch.isfinite(sums[0] + sums[2])
