@@ -291,7 +291,7 @@ class Trainer:
 
     def _apply_update(self, parts: Parts, session: Session, metrics: StepResult) -> bool:
         """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread, and still
-        counts as a step; fp16's scaler skips an overflow uncounted, read every step (step.py's LossScale)."""
+        counts as a step; under fp16 the scaler skips it (or an overflow) uncounted, read every step (LossScale)."""
         state, scale = parts.state, session.loss_scale
         applied = optimizer_step(parts.optimizer, metrics.finite, scale)
         session.skipped_last = not applied
