@@ -61,6 +61,7 @@ def _iterations(monkeypatch, limit: int = 200) -> list[int]:
 
 
 def _pretrain(run_cli, tmp_path, data, name: str, optimizer: str, *args: str, optim=None, train=None):
+    # mixed_precision "no" passes the CPU's precision check (fp16 is refused there); the fixture brings fp16.
     config = write_config(tmp_path / f"{name}.yaml", TINY, optim={**TINY["optim"], "name": optimizer, **(optim or {})},
                           train={"max_steps": STEPS, "save_every": 1, "eval_every": 0, "log_every": 1, "keep_last": 20,
                                  "mixed_precision": "no", **(train or {})})
