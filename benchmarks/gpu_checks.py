@@ -146,7 +146,7 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
         with counting_syncs(accelerator.device) as found:
             result = train_step(model, accelerator, batches, max_grad_norm=1.0)
             optimizer_step(optimizer, result.finite, loss_scale)
-            watch.add(result.finite if loss_scale is None else result.loss_finite)
+            watch.add(result.finite)
         return found, result
 
     first, result = step()
@@ -161,7 +161,7 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
         try:
             result = train_step(model, accelerator, batches, max_grad_norm=1.0)
             optimizer_step(optimizer, result.finite, loss_scale)
-            watch.add(result.finite if loss_scale is None else result.loss_finite)
+            watch.add(result.finite)
             error_mode = "passed"
         except RuntimeError as error:
             site = sync_site(traceback.extract_tb(error.__traceback__), "raised")

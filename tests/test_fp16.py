@@ -135,42 +135,18 @@ def test_a_non_finite_loss_stops_after_max_bad_steps(run_cli, tmp_path, tiny_dat
     assert [p.name for p in iter_checkpoints(run_dir)] == ["step-00000001"]  # finite, as every checkpoint
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_gradients_that_overflow_at_every_scale_stop_the_run(run_cli, tmp_path, tiny_data, fresh_accelerate, fp16,
-                                                             monkeypatch, optimizer):
-    fp16["scaler"]["init_scale"] = 1.0
-    build = loop.build_model
-
-    def overflowing(model_config, **options):  # a finite loss whose gradient is infinite at any scale
-        model = build(model_config, **options)
-        model.embeddings.position_embeddings.weight.register_hook(lambda grad: grad + float("inf"))
-        return model
-
-    monkeypatch.setattr(loop, "build_model", overflowing)
-    iterations = _iterations(monkeypatch)
-    code, text, run_dir, train = _pretrain(run_cli, tmp_path, tiny_data, "run", optimizer)
-    assert code == 1, text
-    # 1 / 2^14 is the first halving below fairseq's minimum loss scale, 1e-4.
-    assert "the fp16 loss scale fell to 6.1e-05, below 0.0001" in " ".join(text.split())
-    assert len(iterations) == 14 and not train and not list(iter_checkpoints(run_dir))
-
-
-def _faults(monkeypatch, overflow=(), infinite_loss=()):
+def _faults(monkeypatch, overflow=(), infinite_loss=()) -> list[int]:
     """At these 1-based loop iterations: gradients infinite with a finite loss (`overflow`), or the loss infinite
-    with finite gradients (`infinite_loss`: a constant added after the forward). Returns the iteration count."""
-    count, build, one_step = [0], loop.build_model, loop.Trainer._one_step
-
-    def counted(self, parts, session):
-        count[0] += 1
-        return one_step(self, parts, session)
+    with finite gradients (`infinite_loss`: a constant added after the forward). Returns _iterations' list."""
+    iterations, build = _iterations(monkeypatch), loop.build_model
 
     def faulty(model_config, **options):
         model = build(model_config, **options)
         model.embeddings.position_embeddings.weight.register_hook(
-            lambda grad: grad + float("inf") if count[0] in overflow else grad)
+            lambda grad: grad + float("inf") if len(iterations) in overflow else grad)
 
         def add_infinity(module, inputs, output):
-            if count[0] in infinite_loss and module.training:
+            if len(iterations) in infinite_loss and module.training:
                 output.loss, output.mlm_loss_sum = output.loss + float("inf"), output.mlm_loss_sum + float("inf")
             return output
 
@@ -178,8 +154,19 @@ def _faults(monkeypatch, overflow=(), infinite_loss=()):
         return model
 
     monkeypatch.setattr(loop, "build_model", faulty)
-    monkeypatch.setattr(loop.Trainer, "_one_step", counted)
-    return count
+    return iterations
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_gradients_that_overflow_at_every_scale_stop_the_run(run_cli, tmp_path, tiny_data, fresh_accelerate, fp16,
+                                                             monkeypatch, optimizer):
+    fp16["scaler"]["init_scale"] = 1.0
+    iterations = _faults(monkeypatch, overflow=range(1, 201))  # a finite loss, gradients infinite at any scale
+    code, text, run_dir, train = _pretrain(run_cli, tmp_path, tiny_data, "run", optimizer)
+    assert code == 1, text
+    # 1 / 2^14 is the first halving below fairseq's minimum loss scale, 1e-4.
+    assert "the fp16 loss scale fell to 6.1e-05, below 0.0001" in " ".join(text.split())
+    assert len(iterations) == 14 and not train and not list(iter_checkpoints(run_dir))
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
@@ -187,10 +174,10 @@ def test_an_infinite_loss_with_finite_gradients_is_skipped_too(run_cli, tmp_path
                                                                 monkeypatch, optimizer):
     # The scaler looks at gradients only; a non-finite loss is skipped as without fp16, and counts as a bad step.
     fp16["scaler"]["init_scale"] = 2.0 ** 8  # no overflow of its own
-    count = _faults(monkeypatch, infinite_loss={3})
+    iterations = _faults(monkeypatch, infinite_loss={3})
     code, text, run_dir, train = _pretrain(run_cli, tmp_path, tiny_data, "run", optimizer)
     assert code == 0, text
-    assert count[0] == STEPS + 1 and [r["step"] for r in train] == list(range(1, STEPS + 1))
+    assert len(iterations) == STEPS + 1 and [r["step"] for r in train] == list(range(1, STEPS + 1))
     assert [r["loss_scale"] for r in train] == [2.0 ** 8] * 2 + [2.0 ** 7] * (STEPS - 2)  # halved by the skip
     assert "non-finite loss or gradient in 1 step(s)" in " ".join(text.split())
     saved = read_state(run_dir / "checkpoints" / f"step-{STEPS:08d}", "optimizer")["state"]

@@ -76,7 +76,8 @@ def collate(split: EncodedSplit, indices: np.ndarray, pad_token_id: int,
     truncation length: a position table of 100 would have no row for a width of 104); packed when
     `pack_when(padding share)` says so."""
     lengths = split.lengths[indices]
-    width = min(int(-(-int(lengths.max()) // multiple_of) * multiple_of), max(int(lengths.max()), split.max_length))
+    longest = int(lengths.max())
+    width = min(-(-longest // multiple_of) * multiple_of, max(longest, split.max_length))
     ids = np.full((len(indices), width), pad_token_id, dtype=np.int64)
     types = np.zeros((len(indices), width), dtype=np.int64)
     columns = np.arange(width)[None, :]

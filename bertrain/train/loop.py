@@ -295,7 +295,7 @@ class Trainer:
         state, scale = parts.state, session.loss_scale
         applied = optimizer_step(parts.optimizer, metrics.finite, scale)
         session.skipped_last = not applied
-        session.watch.add(metrics.finite if scale is None else metrics.loss_finite)
+        session.watch.add(metrics.finite)
         if scale is not None:
             self._check_finite(parts, session)
             scale.check(state.step)

@@ -64,8 +64,7 @@ class StepResult:
     requeue: bool            # … and on some rank it was SIGTERM/SIGUSR1 (exit 75), not only Ctrl-C (exit 130)
     sums: torch.Tensor       # [4] float64, this rank: MLM loss sum, MLM correct, sentence loss sum, correct
     grad_norm: torch.Tensor  # global, after DDP's all-reduce
-    finite: torch.Tensor     # bool, the same on every rank: loss and gradient norm finite
-    loss_finite: torch.Tensor  # bool, the same on every rank: the loss finite (fp16: overflowed gradients are not bad)
+    finite: torch.Tensor     # bool, the same on every rank: loss and gradient norm finite (fp16: the loss)
 
     def read(self, accelerator) -> dict:
         """The step's metrics as floats (one device read; an all-reduce of the sums first with several ranks)."""
@@ -119,15 +118,16 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
             accelerator.backward(loss)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(),
                                             max_grad_norm if max_grad_norm is not None else float("inf"))
-    loss_finite = torch.isfinite(sums[0] + sums[2])
-    finite = loss_finite & torch.isfinite(grad_norm)
+    finite = torch.isfinite(sums[0] + sums[2])
+    if accelerator.scaler is None:  # fp16's scaler skips overflowed gradients itself, uncounted: not a bad step
+        finite = finite & torch.isfinite(grad_norm)
     if world > 1:  # every rank must skip alike: a NaN loss on one rank may leave finite all-reduced gradients
-        bad = torch.stack([~finite, ~loss_finite]).to(torch.int32)
+        bad = (~finite).to(torch.int32)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        finite, loss_finite = bad[0] == 0, bad[1] == 0
+        finite = bad == 0
     stops, requeues = host_sum(accelerator, [int(stop_requested()), int(requeue_requested())])
     return StepResult(tokens, instances, predicted, labelled, has_sentence, stops > 0, requeues > 0, sums, grad_norm,
-                      finite, loss_finite)
+                      finite)
 
 
 class LossScale:
