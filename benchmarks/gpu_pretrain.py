@@ -41,10 +41,11 @@ class Probe:
     positions its forwards computed; stops the run at the time limit."""
 
     def __init__(self, time_limit: float | None, min_steps: int, profile: tuple[int, int] | None = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, trace: str | None = None) -> None:
         self.waiting, self.started, self.steps, self.forwards = 0.0, None, [], []
         self.time_limit, self.min_steps, self.stopped = time_limit, min_steps, False
         self.profile, self.device, self.profiler = profile, device, None  # (start, count): steps profiled
+        self.trace = trace  # the profiled steps' Chrome trace (host ops and kernels on one timeline), gzipped
 
     def install(self, count_forwards: bool) -> list[str]:
         """Wrap TrainStream.next, the loop's train_step and (unless compiling) the model's plan_forward;
@@ -73,8 +74,10 @@ class Probe:
             step = dict(start=self.started or time.perf_counter(), data_s=self.waiting,
                         width=max(int(b["input_ids"].shape[1]) for b in batches))
             self.waiting, self.started, self.forwards = 0.0, None, []
+            launched = time.perf_counter()
             result = train_step(model, accelerator, batches, *args, **kwargs)
-            step.update(samples=result.samples, tokens=result.tokens, predicted=result.predicted,
+            step.update(train_step_s=time.perf_counter() - launched, samples=result.samples, tokens=result.tokens,
+                        predicted=result.predicted,
                         computed=sum(self.forwards) if self.forwards else None)
             self.steps.append(step)
             return result
@@ -105,6 +108,8 @@ class Probe:
         elif len(self.steps) == start + count and self.profiler is not None:
             synchronize(self.device)
             self.profiler.stop()
+            if self.trace:
+                export_trace(self.profiler, self.trace)
 
     def profiled(self, measured_steps: int) -> dict | None:
         """The profiled steps' ops (ms per step), grouped; whether they fall in the measured steps."""
@@ -124,6 +129,19 @@ class Probe:
                 and time.perf_counter() - STARTED >= self.time_limit):
             self.stopped = True
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def export_trace(profiler, path: str) -> None:
+    """The profiled steps as a gzipped Chrome trace (chrome://tracing, ui.perfetto.dev): where the device waited."""
+    import gzip
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        plain = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(plain))
+        with open(plain, "rb") as source, gzip.open(path, "wb") as target:
+            shutil.copyfileobj(source, target)
 
 
 def windows(run_dir: Path, last: int) -> tuple[int, float, float, float]:
@@ -162,6 +180,8 @@ def summarize(probe: Probe, run_dir: Path, last: int, device: torch.device) -> d
     if host_steps:
         out["first_step_s"] = host_steps[0]
         out["host_step_ms_median"] = 1e3 * statistics.median(host_steps[-last:])
+        # the host's time in train_step (forward and backward queued): near the step's time, the host is the limit
+        out["host_train_step_ms_median"] = 1e3 * statistics.median(s["train_step_s"] for s in probe.steps[-last:])
     steps, seconds, tokens, samples = windows(run_dir, last)
     if steps:
         out.update(measured_steps=steps, seconds=seconds, tokens_per_s=tokens / seconds,
@@ -196,6 +216,8 @@ def main() -> None:
     parser.add_argument("--label", default="", help="Name of this run in the results.")
     parser.add_argument("--profile", default=None, metavar="START:COUNT",
                         help="Profile COUNT loop steps after the first START (steps before the measured ones).")
+    parser.add_argument("--trace", default=None, metavar="FILE.json.gz",
+                        help="With --profile: write the profiled steps' Chrome trace (host and device) here.")
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend for train.compile=true (e.g. eager for a quick CPU run).")
     args, pretrain_args = parser.parse_known_args()
@@ -208,7 +230,7 @@ def main() -> None:
     from bertrain.train.precision import local_device_type
 
     profile = tuple(int(n) for n in args.profile.split(":")) if args.profile else None
-    probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()))
+    probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace)
     result: dict = {"label": args.label, "not_wrapped": probe.install(count_forwards=not compiling)}
     started = time.perf_counter()
     result["exit_code"] = cli(["pretrain", *pretrain_args])

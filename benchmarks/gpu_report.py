@@ -109,7 +109,7 @@ def vs_bare(r: dict | None, bare: dict | None) -> float | None:
 def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
     if r is None or "useful_mfu" not in r:
         status = "no figure: see the log" if r is None else f"exit {r.get('exit_code')}, figures incomplete (log)"
-        return [run["label"], run["seq"], run["batch"], status] + [""] * 10
+        return [run["label"], run["seq"], run["batch"], status] + [""] * 11
     memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))
     computed = r.get("computed_padding_share")
     bare_at = bare and computed is not None and bare_flops_at(bare, computed)
@@ -119,7 +119,14 @@ def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
             fmt(useful_flops_per_s(r) / 1e12, ".1f"),
             f"{fmt(100 * r['padding_share'], '.1f', '%')} / {fmt(computed and 100 * computed, '.1f', '%')}",
             fmt(bare_at and bare_at / 1e12, ".1f"), fmt(vs_bare(r, bare), ".2f"),
-            fmt(100 * r["data_wait_share"], ".1f", "%"), fmt(memory, ".1f", " GiB"), fmt(r["wall_s"], ".0f")]
+            fmt(100 * r["data_wait_share"], ".1f", "%"), fmt(host_share(r), ".2f"), fmt(memory, ".1f", " GiB"),
+            fmt(r["wall_s"], ".0f")]
+
+
+def host_share(r: dict) -> float | None:
+    """The host's median time in train_step over the step's time: near 1, the host is the limit."""
+    host = r.get("host_train_step_ms_median")
+    return host / r["step_ms"] if host is not None and r.get("step_ms") else None
 
 
 def part2(state, commands, results) -> list[str]:
@@ -140,11 +147,12 @@ def part2(state, commands, results) -> list[str]:
            "timed after the run, part 1's by one timed between its steps (an idle GPU's clocks run higher: 11-13% "
            "on the H200). padding: share of the batches' positions / share of the "
            "positions the encoder computed. data wait: host time in TrainStream.next / wall time (an upper bound: "
-           "the host runs ahead of the device). peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).",
+           "the host runs ahead of the device). host in step: the host's median time in train_step (forward and "
+           "backward queued) / the step's time; near 1.00 the host is the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).",
            ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
                   "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "data wait",
-                  "peak memory", "wall s"],
+                  "host in step", "peak memory", "wall s"],
                  [pretrain_row(run, by_label.get(run["label"]), bare.get(tuple(run["bare"]))) for run in runs])
     padded, unpadded = by_label.get("bert_base-512-unpad-false"), by_label.get("bert_base-512-unpad-true")
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:

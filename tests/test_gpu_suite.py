@@ -56,12 +56,13 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5"]
-    assert [c.label for c in commands[-2:]] == ["gpu_step-compile", "bert_base-128-compile"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5", "2"]
+    assert [c.label for c in commands[-3:]] == ["gpu_step-compile", "bert_base-128-compile",
+                                                "bert_large-128-workers-4"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-2]) + 10  # + the version probe
-    assert commands[-2].optional and commands[-1].optional
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-2].min_start)
+    before_compile = sum(c.expect for c in commands[:-3]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-3:])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-3].min_start)
     for command in commands:
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
@@ -85,11 +86,14 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands = gpu_suite.plan("cuda", False, tmp_path)
     for command in commands:
         command.status = "ok"
-    commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 80 s left, 100 s needed"
+    commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the extra run
+    commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 80 s left, 100 s needed"
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-2].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-3].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-3].status = "timed out after 45 s"
+    commands[-4].status = "timed out after 45 s"
+    assert gpu_suite.suite_failed({}, commands)
+    commands[-4].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -143,7 +147,7 @@ def fake_gpu_results(runs: list[dict]) -> dict:
             for shape in ("bert-base", "bert-large", "albert-base", "albert-large") for seq in (128, 512)]
     pretrain = [dict(label=run["label"], exit_code=0, steps_run=run["steps"], measured_steps=run["last"],
                      tokens_per_s=5e5, samples_per_s=4e3, step_ms=60.0, useful_mfu=0.4, peak_flops=7.26e14,
-                     data_wait_share=0.01,
+                     data_wait_share=0.01, host_train_step_ms_median=54.0,
                      padding_share=0.05, computed_padding_share=0.05, peak_memory_gb=30.0, wall_s=50.0,
                      first_step_s=2.0, compiled_graphs=1, time_limited=False) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
@@ -152,7 +156,8 @@ def fake_gpu_results(runs: list[dict]) -> dict:
     pretrain[1]["profile"] = dict(steps=[41, 43], tokens=12_800.0, total_ms=56.0, in_measured_steps=False,
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
-    return {"1": step, "2": pretrain[:4], "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
+    eager = [r for r in pretrain if "compile" not in r["label"]]
+    return {"1": step, "2": eager, "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17)],
             # the best configuration measured with the host ahead: 1.12x (the 1.05x one was host-bound)
             "4-kernels": [dict(config=name, parameters_of="bert_base", device_ms=ratio, device_ratio=ratio, wall_ms=1.5,
@@ -163,8 +168,9 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                                            ("pipelined 2048x8, 4 MB groups", 1.05, False,
                                                             dict(same_as_two_pass=False)))]
             + [dict(config="two_pass 1024x4", parameters_of="bert_base", error="did not build")],
-            "5": pretrain[4:], "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
-                                          if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
+            "5": [r for r in pretrain if r not in eager],
+            "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
+                       if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
             "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=40.96,
                        groups_ms={"GEMM": 32.768, "other": 8.192}, ops_ms={"aten::mm": 32.768, "aten::add": 8.192})]}
 
@@ -173,7 +179,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     commands = gpu_suite.plan("cuda", False, tmp_path)
     for command in commands:
         command.status, command.tail = "ok", "PASS"
-    commands[-1].status = "timed out after 150 s"
+    commands[-2].status = "timed out after 150 s"  # the compiled pretrain run
     runs = gpu_suite.pretrain_runs(False)
     info = dict(gpu="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.2, torch="2.11.0", cuda="13.0", driver="580.159.04")
     state = dict(device="cuda", quick=False, out="o", scratch="s", argv="bash benchmarks/gpu_suite.sh o", runs=runs,
@@ -186,6 +192,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
+    assert {row[12] for row in table_rows(report, "## 2.")} == {"0.90"}  # the host 54 ms of a 60 ms step
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
     assert [row[6:] for row in table_rows(report, "## 5.")[2:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
@@ -248,10 +255,11 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 15
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 16
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 for r in figures["1"])
-    assert [r["label"] for r in figures["2"]] == [run["label"] for run in gpu_suite.pretrain_runs(True)[:4]]
+    assert [r["label"] for r in figures["2"]] == [run["label"] for run in gpu_suite.pretrain_runs(True)
+                                                  if "compile" not in run["label"]]
     for run in figures["2"] + figures["5"]:
         assert run["exit_code"] == (75 if run["time_limited"] else 0)  # 75: stopped (by its time limit), saved
         assert run["not_wrapped"] == [] and run["measured_steps"] > 0
@@ -260,7 +268,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
     # runs did all their steps; the packed encoder computed no padding, the padded one all of it
     assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
-        [(False, 15, 10)] * 3 + [(True, 13, 8)]
+        [(False, 15, 10)] * 3 + [(True, 13, 8), (False, 15, 10)]
     padded, packed = figures["2"][2], figures["2"][3]
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
     assert "last 8 of 13 (time limit)" in report
@@ -274,7 +282,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
         [("two_pass", 0.0, None), ("pipelined", 0.0, True)] * HAS_TRITON
     assert all(r["device_ms"] > 0 and r["device_ratio"] > 0 and r["host_ahead"] for r in kernels)
     assert "**PASS**" in report
-    for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
+    for heading, count in (("## 1.", 4), ("## 2.", 5), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
                            ("## 5.", 2 + 1)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)

@@ -241,16 +241,10 @@ def test_stream_resumed_mid_run_equals_the_uninterrupted_stream(prepared):
     assert_same_batches(whole[-4:], tail)
 
 
-@pytest.mark.parametrize("setting, device, cores, local, expected", [
-    ("auto", "cpu", 16, 1, 0), ("auto", "cuda", 16, 1, 4), ("auto", "cuda", 16, 8, 1), ("auto", "cuda", 8, 8, 0),
-    ("auto", "cuda", 6, None, 4), (3, "cpu", 16, 1, 3), (0, "cuda", 16, 1, 0)])
-def test_worker_count(setting, device, cores, local, expected, monkeypatch):
-    monkeypatch.setattr(loader_module.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    if local is None:
-        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    else:
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
-    assert worker_count(setting, device) == expected
+@pytest.mark.parametrize("setting, expected", [("auto", 0), (3, 3), (0, 0)])
+def test_worker_count(setting, expected):
+    """`auto` makes batches in the training process on every device (measured on a GPU: see the key's doc)."""
+    assert worker_count(setting) == expected
 
 
 def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes_over_it(tmp_path):

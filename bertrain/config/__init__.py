@@ -3,7 +3,7 @@ Import from here: `from bertrain.config import ...`."""
 
 from bertrain.config.load import load_config, load_config_or_recipe, load_recipe
 from bertrain.config.reference import config_reference_markdown, explain_lines
-from bertrain.config.schema import (AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHARE, MAX_AUTO_WORKERS, Config,
+from bertrain.config.schema import (AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHARE, Config,
                                     DataConfig, LoggingConfig, ModelConfig, OptimConfig, PrepareConfig, Recipe,
                                     SourceConfig, TokenizerConfig, TrainConfig)
 from bertrain.config.validate import (ConfigWarning, check_precision_for_device, fit_micro_batch_size,
@@ -13,7 +13,7 @@ from bertrain.config.yaml_tree import (build_dataclass, describe_yaml, dump_yaml
 from bertrain.config.overrides import set_dotted
 
 __all__ = [
-    "AUTO_MIN_PADDED_WIDTH", "AUTO_MIN_PADDING_SHARE", "MAX_AUTO_WORKERS", "Config", "ConfigWarning", "DataConfig",
+    "AUTO_MIN_PADDED_WIDTH", "AUTO_MIN_PADDING_SHARE", "Config", "ConfigWarning", "DataConfig",
     "LoggingConfig", "ModelConfig", "OptimConfig", "PrepareConfig", "Recipe", "SourceConfig", "TokenizerConfig",
     "TrainConfig", "build_dataclass", "check_precision_for_device", "config_reference_markdown", "describe_yaml",
     "dump_yaml", "explain_lines", "flatten", "fit_micro_batch_size", "load_config", "load_config_or_recipe",

@@ -18,8 +18,6 @@ def opt(default: Any, help: str, aliases: tuple[str, ...] = (), **kwargs: Any) -
 
 # ---- Sections of a training config ----
 
-# `data.num_workers: auto` on an accelerator: the process's cores less one, at most this (data/loader.py).
-MAX_AUTO_WORKERS = 4
 # `model.unpad: auto` packs a micro-batch when its padding share reaches AUTO_MIN_PADDING_SHARE or padding share x
 # hidden_size reaches AUTO_MIN_PADDED_WIDTH: packing saves ~24·H² FLOPs a padded token but costs gathers and one SDPA
 # call per bucket per layer, a fixed cost a small H does not repay (measured with benchmarks/unpad.py: README).
@@ -49,10 +47,12 @@ class DataConfig:
     pad_to_multiple_of: int = opt(8, "Dynamic padding rounds the batch length up to a multiple of this.")
     num_workers: Union[int, Literal["auto"]] = opt(
         "auto", "DataLoader worker processes per training process (batches are identical for any value). `auto` "
-        "(default): 0 on a CPU, whose cores the workers would take from the model; on a GPU, the cores of the "
-        f"process (cores / processes on the machine) less one, at most {MAX_AUTO_WORKERS}. Workers serve every "
-        "epoch of a run and prefetch 4 micro-batches each; batches are pinned and copied with non_blocking on CUDA "
-        "whatever the value. Evaluation uses workers only when this is a number.")
+        "(default): 0, batches made in the training process: on a CPU the workers would take the model's cores, and "
+        "on a GPU the training process is often the limit (it queues the kernels), which 4 workers slowed: an H200 "
+        "bert_large seq-128 run took 80 ms a step with 4 and 68 ms with none, 0.3% of it waiting for data. A "
+        "number starts that many workers, which serve every epoch and prefetch 4 micro-batches each; batches are "
+        "pinned and copied with non_blocking on CUDA whatever the value. Evaluation uses workers only when this is "
+        "a number.")
     eval_batches: int = opt(20, "Validation batches per evaluation (fixed masks, same every time).")
 
 

@@ -4,7 +4,6 @@ is dropped (uneven counts stall DDP); item m is a pure function of (data, config
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 from collections import OrderedDict
 from pathlib import Path
@@ -13,7 +12,6 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from bertrain.batch_layout import map_tensors
-from bertrain.config import MAX_AUTO_WORKERS
 from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
@@ -204,16 +202,9 @@ def ignore_ctrl_c(worker_id: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def worker_count(setting: int | str, device_type: str) -> int:
-    """`data.num_workers` as a number: `auto` is 0 on a CPU (workers would take the model's cores) and, on an
-    accelerator, the cores this process may use, one kept for the training loop, at most MAX_AUTO_WORKERS."""
-    if setting != "auto":
-        return int(setting)
-    if device_type == "cpu":
-        return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    processes_here = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)  # set by torchrun / accelerate launch
-    return max(0, min(MAX_AUTO_WORKERS, cores // processes_here - 1))
+def worker_count(setting: int | str) -> int:
+    """`data.num_workers` as a number: `auto` is 0 (see the key's documentation: measured on a GPU)."""
+    return 0 if setting == "auto" else int(setting)
 
 
 class RunDataset:
@@ -296,7 +287,7 @@ def build_train_loader(prepared: PreparedData, data_config, *, seed: int, epoch:
     total = len(dataset)
     if not 0 <= start_micro_batch <= total:
         raise UsageError(f"Cannot start epoch {epoch} at micro-batch {start_micro_batch}: it has {total}.")
-    return MicroBatchLoader(dataset, start_micro_batch, total, worker_count(data_config.num_workers, "cpu"))
+    return MicroBatchLoader(dataset, start_micro_batch, total, worker_count(data_config.num_workers))
 
 
 def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, micro_batch_size: int, rank: int,
@@ -314,4 +305,4 @@ def build_validation_loader(prepared: PreparedData, data_config, *, seed: int, m
                                 split="validation", seed=seed, epoch=VALIDATION_EPOCH,
                                 micro_batch_size=micro_batch_size, rank=rank, world_size=world_size)
     stop = len(dataset) if max_batches is None else min(len(dataset), max_batches)
-    return MicroBatchLoader(dataset, 0, stop, worker_count(data_config.num_workers, "cpu"))
+    return MicroBatchLoader(dataset, 0, stop, worker_count(data_config.num_workers))
