@@ -7,8 +7,10 @@ the first window, holding the start-up, never counts). With --time-limit the run
 the loop finishes the step, logs, saves, exits 75) once that many seconds have passed since this process
 started and at least --min-steps steps ran, and the figures cover what it did. --profile START:COUNT runs
 torch.profiler over COUNT whole loop steps after START (data, forward, backward, clipping, optimizer: the ops' self
-device time, grouped as gpu_profile.py groups the bare step's), best before the measured steps. Used by
-gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
+device time, grouped as gpu_profile.py groups the bare step's), best before the measured steps; --trace FILE also
+writes them as a Chrome trace (host and device on one timeline: where the device waited). Each step's host time
+inside train_step is recorded too: near the step's time, the host is the limit. Used by gpu_suite.sh; everything
+after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
     python benchmarks/gpu_pretrain.py --last 200 --profile 40:3 -- --config bert_large --data D --run-dir R

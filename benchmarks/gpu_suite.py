@@ -78,7 +78,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
                 # a run its time limit stops (after 12 steps): the path a slow GPU run takes
                 dict(at_64, label="bert_base-512-unpad-true", sets=common["sets"] + ["model.unpad=true"], steps=1000,
                      time_limit=1, min_steps=12),
-                dict(common, label="bert_large-128-workers-4", optional=True,
+                dict(common, label="bert_large-128-workers-4", optional=True,  # 2 workers on a 2-core test machine
                      sets=common["sets"] + ["data.num_workers=2"]),
                 dict(common, label="bert_base-128-compile", steps=10, last=5, optional=True,
                      sets=common["sets"] + ["train.compile=true"])]
