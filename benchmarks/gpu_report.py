@@ -219,21 +219,23 @@ def best_lamb_kernel(results) -> dict | None:
 
 def part5(state, commands, results) -> list[str]:
     compiled = (results.get("5") or [None])[0]
-    eager = next((r for r in results.get("2", []) if r["label"] == "bert_base-128"), None)
     run = next(run for run in state["runs"] if "compile" in run["label"])
+    eager_label = run["label"].removesuffix("-compile")  # part 2's run of the same shape
+    eager = next((r for r in results.get("2", []) if r["label"] == eager_label), None)
     command = next(c for c in commands if c.label == run["label"])
     out_of_time = command.status.startswith((TIME_BUDGET, "timed out", "stopped"))
     body = []
-    for name, r in (("eager (part 2's bert_base-128)", eager), ("train.compile=true", compiled)):
+    for name, r in ((f"eager (part 2's {eager_label})", eager), ("train.compile=true", compiled)):
         if r is None or "first_step_s" not in r:
             missing = TIME_BUDGET if r is compiled and out_of_time else "no figure"
-            body.append([name, missing, "", "", ""])
+            body.append([name, missing, "", "", "", ""])
         else:
             body.append([name, fmt(r.get("first_step_s"), ".1f"), fmt(r.get("step_ms"), ".1f"),
-                         fmt(r.get("tokens_per_s"), ",.0f"), r.get("compiled_graphs", "")])
+                         fmt(r.get("tokens_per_s"), ",.0f"), fmt(host_share(r), ".2f"), r.get("compiled_graphs", "")])
     out = [f"{run['config']} seq {run['seq']} batch {run['batch']}, {run['steps']} steps, step time over the last "
            f"{run['last']}. First step: host seconds from its first batch to the next step's (compilation happens "
-           f"there).", ""] + table(["", "first step s", "step ms", "real tokens/s", "graphs compiled"], body)
+           f"there). host in step: as in part 2.", ""] + table(
+        ["", "first step s", "step ms", "real tokens/s", "host in step", "graphs compiled"], body)
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]

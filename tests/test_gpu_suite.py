@@ -57,7 +57,7 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
     assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5", "2"]
-    assert [c.label for c in commands[-3:]] == ["gpu_step-compile", "bert_base-128-compile",
+    assert [c.label for c in commands[-3:]] == ["gpu_step-compile", "bert_large-128-compile",
                                                 "bert_large-128-workers-4"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
     before_compile = sum(c.expect for c in commands[:-3]) + 10  # + the version probe
@@ -187,7 +187,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     report = gpu_report.render(state, commands, fake_gpu_results(runs))
     assert "failed to render" not in report and "no figure" not in report
     assert report.splitlines()[2] == "- GPU: NVIDIA H100 80GB HBM3 (79 GiB)"
-    assert "CUDA 13.0, driver 580.159.04" in report and "**bert_base-128-compile: timed out after 150 s**" in report
+    assert "CUDA 13.0, driver 580.159.04" in report and "**bert_large-128-compile: timed out after 150 s**" in report
     assert len(table_rows(report, "## 1.")) == 8
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
