@@ -77,15 +77,19 @@ def part1(state, commands, results) -> list[str]:
     rows = step_rows(results)
     shapes = [tuple(key) for key in state["step_shapes"]]
     out = ["Medians of alternated rounds; useful MFU = model_step.useful_flops (MLM head at the masked positions "
-           "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU).", ""]
+           "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU). one cast per "
+           "layer: ours (each encoder layer's weights cast to bf16 in one kernel, EncoderLayer.weights) against the "
+           "same model with autocast casting each weight, timed alternated with the rest (`--per-weight-casts`).", ""]
     body = []
     for key in shapes:
         r = rows.get(key)
-        body.append([key[0], key[1]] + (["no figure: see step.log"] + [""] * 6 if r is None else [
+        casts = r and r.get("per_weight_casts")
+        body.append([key[0], key[1]] + (["no figure: see step.log"] + [""] * 7 if r is None else [
             r["batch"], fmt(r["ours_seq_s"], ".1f"), fmt(r["hf_seq_s"], ".1f"), fmt(r["speedup"], ".2f", "x"),
-            fmt(100 * r["mfu"], ".1f", "%"), fmt(100 * r["hf_mfu"], ".1f", "%"), fmt(r["peak"] / 1e12, ".3g")]))
+            fmt(100 * r["mfu"], ".1f", "%"), fmt(100 * r["hf_mfu"], ".1f", "%"), fmt(r["peak"] / 1e12, ".3g"),
+            fmt(casts and casts / r["ours"], ".3f", "x")]))
     return out + table(["shape", "seq", "batch", "ours seq/s", "transformers seq/s", "speed-up", "ours useful MFU",
-                        "transformers MFU", "GEMM peak TF/s"], body)
+                        "transformers MFU", "GEMM peak TF/s", "one cast per layer vs per weight"], body)
 
 
 def useful_flops_per_s(r: dict) -> float:

@@ -4,11 +4,14 @@ seq 128 and 512, bf16 autocast, same weights (copied with bertrain.model.hf), sa
 (15% of positions), runs alternated with a large bf16 GEMM that measures the device's peak in the same
 run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM head at masked positions
 only) against that peak. `--compile`: ours with train.compile's per-layer torch.compile (transformers stays
-eager), its compile time reported. Not part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
+eager), its compile time reported. `--per-weight-casts`: ours also timed with autocast casting each weight (the
+plain path of EncoderLayer.weights' one cast per layer), alternated with the rest. Not part of the test suite;
+`--device cpu` runs a tiny shape in fp32 (tested).
 
     python benchmarks/gpu_step.py                                   # cuda, all shapes, seq 128 and 512
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --rounds 10
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --compile
+    python benchmarks/gpu_step.py --shapes bert-large,albert-large --seqs 128 --per-weight-casts
     python benchmarks/gpu_step.py --device cpu --shapes tiny --seqs 64 --batch 4
 """
 
@@ -23,6 +26,7 @@ from model_step import gemm_fn, make_batch, reference_model, step_fn, synchroniz
 
 from bertrain.config import load_config
 from bertrain.model import build_model, compile_layers
+from bertrain.model.layers import EncoderLayer
 
 SHAPES = {  # name: (shipped config, vocab size, {seq: batch on an 80 GB GPU})
     "bert-base": ("bert_base", 30522, {128: 256, 512: 32}),
@@ -63,11 +67,28 @@ def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict
         ours_step()
         synchronize(device)
         extra = dict(compiled=True, compile_s=time.perf_counter() - started)
-    medians = time_alternating({"ours": ours_step, "hf": step_fn(theirs, batch, True, config.type, dtype, device),
-                                "gemm": gemm}, args.rounds, args.repeats, device)
+    functions = {"ours": with_fused_casts(ours, True, ours_step),
+                 "hf": step_fn(theirs, batch, True, config.type, dtype, device), "gemm": gemm}
+    if args.per_weight_casts:  # the same model, weights and optimizer: only the casts differ
+        functions["per_weight_casts"] = with_fused_casts(ours, False, ours_step)
+    medians = time_alternating(functions, args.rounds, args.repeats, device)
     peak = gemm_flops / medians["gemm"]
     flops = useful_flops(config, batch_size, int((batch["labels"] != -100).sum()), seq)
+    if args.per_weight_casts:
+        extra["per_weight_casts"] = medians["per_weight_casts"]
     return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops, **extra)
+
+
+def with_fused_casts(model, fused: bool, step):
+    """`step` with the encoder layers' weights cast in one kernel each (EncoderLayer.weights) or by autocast."""
+    layers = [m for m in model.modules() if isinstance(m, EncoderLayer)]
+
+    def run() -> None:
+        for layer in layers:
+            layer.fused_weight_cast = fused
+        step()
+
+    return run
 
 
 def main() -> None:
@@ -83,6 +104,8 @@ def main() -> None:
     parser.add_argument("--results", default=None, help="Append each row as a JSON line to this file.")
     parser.add_argument("--compile", action="store_true", help="Ours with each encoder layer torch.compiled.")
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (e.g. eager on a CPU).")
+    parser.add_argument("--per-weight-casts", action="store_true",
+                        help="Also time ours with autocast casting each weight (no one-kernel cast per layer).")
     args = parser.parse_args()
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -117,7 +140,9 @@ def main() -> None:
             print(f"{shape:<13} {seq:>4} {batch_size:>5} {batch_size / r['ours']:>11.1f} {batch_size / r['hf']:>10.1f} "
                   f"{r['hf'] / r['ours']:>7.2f}x {100 * r['flops'] / r['ours'] / r['peak']:>7.3g}% "
                   f"{100 * r['flops'] / r['hf'] / r['peak']:>6.3g}% {r['peak'] / 1e12:>9.3g}"
-                  + (f"  (compiled in {r['compile_s']:.1f} s)" if args.compile else ""), flush=True)
+                  + (f"  (compiled in {r['compile_s']:.1f} s)" if args.compile else "")
+                  + (f"  (per-weight casts: {batch_size / r['per_weight_casts']:.1f} seq/s, one cast per layer "
+                     f"{r['per_weight_casts'] / r['ours']:.3f}x as fast)" if args.per_weight_casts else ""), flush=True)
             if args.results:  # one line per row as it is measured: a run cut short keeps its rows
                 with open(args.results, "a") as out:
                     out.write(json.dumps(dict(r, shape=shape, seq=seq, batch=batch_size, dtype=args.dtype)) + "\n")

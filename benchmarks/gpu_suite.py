@@ -148,7 +148,7 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
                                                      data["pydoc"] / "tokenizer", "--workers", str(workers),
                                                      "--num-shards", str(workers), "--out", data["synthetic"]],
                 90, 15, 12, "setup.log")]
-    step = [PY, bench / "gpu_step.py", "--results", results / "1.jsonl"]
+    step = [PY, bench / "gpu_step.py", "--per-weight-casts", "--results", results / "1.jsonl"]
     shapes = step_shapes(quick)
     step += ["--shapes", ",".join(dict.fromkeys(s for s, _ in shapes)), "--seqs", ",".join(
         str(q) for q in dict.fromkeys(q for _, q in shapes))]

@@ -38,11 +38,12 @@ class PreTrainingOutput:
 
 class PreTrainingModel(nn.Module):
     """Shared pretraining wrapper: encode → pool [CLS] → MLM and sentence heads → losses.
-    prune_last_layer, sparse_embedding_grad: the forward's options with labels (forward_plan.py); on unless a
-    test compares against the plain path."""
+    prune_last_layer, sparse_embedding_grad: the forward's options with labels (forward_plan.py); fused_weight_cast:
+    each encoder layer's weights cast in one kernel under autocast (EncoderLayer.weights); on unless a test or
+    benchmark compares against the plain path."""
 
     def __init__(self, config, encoder_class: type[nn.Module], *, prune_last_layer: bool = True,
-                 sparse_embedding_grad: bool = True):
+                 sparse_embedding_grad: bool = True, fused_weight_cast: bool = True):
         super().__init__()
         self.config = config
         self.unpad = getattr(config, "unpad", "auto")  # model.unpad: auto | true | false
@@ -57,6 +58,9 @@ class PreTrainingModel(nn.Module):
         self.mlm_head = MLMHead(H, E, config.vocab_size, config.hidden_act, config.layer_norm_eps, float32_residual)
         self.sentence_head = nn.Linear(H, 2)
         init_weights(self, config.initializer_range)
+        for layer in self.modules():
+            if isinstance(layer, EncoderLayer):
+                layer.fused_weight_cast = fused_weight_cast
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                token_type_ids: torch.Tensor | None) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,16 +40,20 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(size, eps=eps)
         self.float32_residual = float32_residual
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """weight, bias: this module's parameters as EncoderLayer.weights gives them (None: the parameters)."""
+        weight = self.weight if weight is None else weight
+        bias = self.bias if bias is None else bias
         device = x.device.type
         if not torch.is_autocast_enabled(device):
-            return super().forward(x)
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
         half = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):  # autocast's own choice differs by device (CPU keeps the input's)
             if self.float32_residual or x.dtype != half:  # a float32 input (the embeddings' sum) is normalized as is
-                y = F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps)
+                y = F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
                 return y if self.float32_residual else y.to(half)
-            return F.layer_norm(x, self.normalized_shape, self.weight.to(half), self.bias.to(half), self.eps)
+            return F.layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
 
 
 class Embeddings(nn.Module):
@@ -83,6 +88,45 @@ class Embeddings(nn.Module):
         return dropout(self.layer_norm(x), self.dropout_prob, self.training)
 
 
+Pair = tuple[torch.Tensor, torch.Tensor]  # a module's (weight, bias)
+
+
+class LayerWeights(NamedTuple):
+    """An encoder layer's (weight, bias) pairs, as EncoderLayer.weights gives them to its forward."""
+
+    qkv: Pair
+    output: Pair
+    attention_norm: Pair
+    up: Pair
+    down: Pair
+    output_norm: Pair
+
+
+class CastWeights(torch.autograd.Function):
+    """Tensors → copies in `dtype`, all in one kernel (torch._foreach_copy_); the copies' gradients back to each
+    tensor's dtype, in one kernel. Autocast casts each weight, and each gradient back, in a kernel and host op of its
+    own: ~600 a bert-large step, in a loop the H200 trace found host-bound (2026-11-26)."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)
+        ctx.dtypes = [t.dtype for t in tensors]
+        copies = [torch.empty_like(t, dtype=dtype) for t in tensors]
+        torch._foreach_copy_(copies, tensors)
+        return tuple(copies)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        given = [i for i, grad in enumerate(grads) if grad is not None]
+        results = [torch.empty_like(grads[i], dtype=ctx.dtypes[i]) for i in given]
+        if results:
+            torch._foreach_copy_(results, [grads[i] for i in given])
+        out: list[torch.Tensor | None] = [None] * len(grads)
+        for i, result in zip(given, results):
+            out[i] = result
+        return (None, *out)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention (SDPA), padded or packed, then the output projection. Q, K, V are one fused
     [3H, H] projection (one GEMM); hf.py splits it."""
@@ -96,27 +140,29 @@ class SelfAttention(nn.Module):
         # > 0 forces SDPA's slower math path on CPU (the fused kernel has no dropout there).
         self.attention_dropout_prob = attention_dropout_prob
 
-    def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None,
+                qkv: Pair, output: Pair) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output, the residual it is added to), both at `rows` only when given. `where`: the padded
-        batch's SDPA mask (x [B, T, H], rows [B, K]) or the Packing (x [N, H], rows [R])."""
+        batch's SDPA mask (x [B, T, H], rows [B, K]) or the Packing (x [N, H], rows [R]). qkv, output: the
+        projections' (weight, bias) as EncoderLayer.weights gives them."""
         p = self.attention_dropout_prob if self.training else 0.0
         if isinstance(where, Packing):
-            mixed = packed_attention(self.qkv(x), where, self.num_heads, p)  # [N, H]
+            mixed = packed_attention(F.linear(x, *qkv), where, self.num_heads, p)  # [N, H]
             if rows is not None:  # the output projection and what follows only where the losses look
                 mixed, x = mixed.index_select(0, rows), x.index_select(0, rows)
-            return self.output(mixed), x
+            return F.linear(mixed, *output), x
         B, T, H = x.shape
         heads = self.num_heads
         if rows is None:
             residual = x
-            q, k, v = split_heads(self.qkv(x), 3, heads)  # 3 × [B, heads, T, d]
+            q, k, v = split_heads(F.linear(x, *qkv), 3, heads)  # 3 × [B, heads, T, d]
         else:  # queries at the rows only; keys and values from all of x
             residual = x.gather(1, rows[..., None].expand(-1, -1, H))  # [B, K, H]
-            q, = split_heads(F.linear(residual, self.qkv.weight[:H], self.qkv.bias[:H]), 1, heads)
-            k, v = split_heads(F.linear(x, self.qkv.weight[H:], self.qkv.bias[H:]), 2, heads)
+            weight, bias = qkv
+            q, = split_heads(F.linear(residual, weight[:H], bias[:H]), 1, heads)
+            k, v = split_heads(F.linear(x, weight[H:], bias[H:]), 2, heads)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=where, dropout_p=p)  # [B, heads, T or K, d]
-        return self.output(y.transpose(1, 2).reshape(B, -1, H)), residual
+        return F.linear(y.transpose(1, 2).reshape(B, -1, H), *output), residual
 
 
 class SplitHeads(torch.autograd.Function):
@@ -209,8 +255,9 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(intermediate_size, hidden_size)
         self.act = activation(act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.up(x)))
+    def forward(self, x: torch.Tensor, up: Pair, down: Pair) -> torch.Tensor:
+        """up, down: the projections' (weight, bias) as EncoderLayer.weights gives them."""
+        return F.linear(self.act(F.linear(x, *up)), *down)
 
 
 class EncoderLayer(nn.Module):
@@ -226,13 +273,32 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(H, config.intermediate_size, config.hidden_act)
         self.output_norm = LayerNorm(H, config.layer_norm_eps, float32_residual)
         self.dropout_prob = config.hidden_dropout_prob
+        self.fused_weight_cast = True  # False: autocast casts each weight (PreTrainingModel's option, for comparison)
+
+    def weights(self) -> LayerWeights:
+        """The parameters as this forward uses them: under autocast, the ones it computes with in half precision
+        copied to it by one CastWeights (autocast would cast each in its own kernel); else the parameters."""
+        modules = (self.attention.qkv, self.attention.output, self.attention_norm, self.feed_forward.up,
+                   self.feed_forward.down, self.output_norm)
+        pairs = [(m.weight, m.bias) for m in modules]
+        device = self.attention.qkv.weight.device.type
+        if not (self.fused_weight_cast and torch.is_autocast_enabled(device)):
+            return LayerWeights(*pairs)
+        # float32_residual's LayerNorms compute in float32, with their float32 parameters
+        cast = [i for i, m in enumerate(modules) if not getattr(m, "float32_residual", False)]
+        copies = iter(CastWeights.apply(torch.get_autocast_dtype(device), *[t for i in cast for t in pairs[i]]))
+        for i in cast:
+            pairs[i] = (next(copies), next(copies))
+        return LayerWeights(*pairs)
 
     def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """`where` and `rows`: see SelfAttention.forward; the output has the rows of x, or `rows` only."""
-        attended, residual = self.attention(x, where, rows)
-        x = self.attention_norm(residual + dropout(attended, self.dropout_prob, self.training))
-        return self.output_norm(x + dropout(self.feed_forward(x), self.dropout_prob, self.training))
+        w = self.weights()  # in each application of a shared ALBERT layer: its gradients then sum in float32
+        attended, residual = self.attention(x, where, rows, w.qkv, w.output)
+        x = self.attention_norm(residual + dropout(attended, self.dropout_prob, self.training), *w.attention_norm)
+        fed = self.feed_forward(x, w.up, w.down)
+        return self.output_norm(x + dropout(fed, self.dropout_prob, self.training), *w.output_norm)
 
 
 def run_steps(steps: list[nn.Module], x: torch.Tensor, where: torch.Tensor | Packing | None, checkpointing: bool,
