@@ -50,8 +50,7 @@ def header(state: dict, commands) -> list[str]:
     else:
         gpu = f"{info.get('gpu') or info.get('gpu_smi', 'n/a')} ({fmt(info.get('gpu_memory_gb'), '.0f')} GiB)"
     done = "finished" if state.get("finished") else "still running"
-    lines = [f"# bertrain GPU suite: {info.get('gpu') or 'CPU'}", "",
-             f"- GPU: {gpu}",
+    lines = [f"# bertrain GPU suite: {info.get('gpu') or 'CPU'}", "", f"- GPU: {gpu}",
              f"- torch {info.get('torch', 'n/a')}, CUDA {info.get('cuda', 'n/a')}, driver {info.get('driver', 'n/a')}",
              f"- transformers {info.get('transformers', 'n/a')}, accelerate {info.get('accelerate', 'n/a')}, "
              f"tokenizers {info.get('tokenizers', 'n/a')}, Python {info.get('python', 'n/a')}, "
@@ -75,21 +74,24 @@ def header(state: dict, commands) -> list[str]:
 
 def part1(state, commands, results) -> list[str]:
     rows = step_rows(results)
-    shapes = [tuple(key) for key in state["step_shapes"]]
     out = ["Medians of alternated rounds; useful MFU = model_step.useful_flops (MLM head at the masked positions "
-           "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU). one cast per "
-           "layer: ours (each encoder layer's weights cast to bf16 in one kernel, EncoderLayer.weights) against the "
-           "same model with autocast casting each weight, timed alternated with the rest (`--per-weight-casts`).", ""]
+           "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU). Last two columns: "
+           "ours again, same model, with autocast casting each weight instead of one cast per encoder layer "
+           "(`--per-weight-casts`), and with BERTRAIN_LAYER_NORM=triton (`--triton-layer-norm`; 'not run': not "
+           "built or not for this device); > 1: the default's one cast, Triton's LayerNorm, is faster.", ""]
     body = []
-    for key in shapes:
-        r = rows.get(key)
-        casts = r and r.get("per_weight_casts")
-        body.append([key[0], key[1]] + (["no figure: see step.log"] + [""] * 7 if r is None else [
+    for shape, seq in (tuple(key) for key in state["step_shapes"]):
+        r = rows.get((shape, seq))
+        triton = r and r.get("triton_layer_norm")
+        body.append([shape, seq] + (["no figure: see step.log"] + [""] * 8 if r is None else [
             r["batch"], fmt(r["ours_seq_s"], ".1f"), fmt(r["hf_seq_s"], ".1f"), fmt(r["speedup"], ".2f", "x"),
             fmt(100 * r["mfu"], ".1f", "%"), fmt(100 * r["hf_mfu"], ".1f", "%"), fmt(r["peak"] / 1e12, ".3g"),
-            fmt(casts and casts / r["ours"], ".3f", "x")]))
+            fmt(r.get("per_weight_casts") and r["per_weight_casts"] / r["ours"], ".3f", "x"),
+            fmt(triton and r["ours"] / triton, ".3f", "x") if r.get("triton_layer_norm_built") else
+            "not run" if triton else "n/a"]))
     return out + table(["shape", "seq", "batch", "ours seq/s", "transformers seq/s", "speed-up", "ours useful MFU",
-                        "transformers MFU", "GEMM peak TF/s", "one cast per layer vs per weight"], body)
+                        "transformers MFU", "GEMM peak TF/s", "one cast per layer vs per weight",
+                        "Triton LayerNorm vs torch's"], body)
 
 
 def useful_flops_per_s(r: dict) -> float:
@@ -267,8 +269,7 @@ def compiled_step(state, commands, results) -> list[str]:
 
 def part6(state, commands, results) -> list[str]:
     command = next(c for c in commands if c.part == "6")
-    verdict = {"ok": "PASS", "failed (exit 1)": "FAIL (losses or weights differ)"}.get(command.status,
-                                                                                     command.status)
+    verdict = {"ok": "PASS", "failed (exit 1)": "FAIL (losses or weights differ)"}.get(command.status, command.status)
     return [f"`--check-resume` (6 steps, stop at 3, resume to 6, fresh processes): **{verdict}**", "", "```",
             command.tail or "(no output yet)", "```"]
 
@@ -279,14 +280,13 @@ def part7(state, commands, results) -> list[str]:
         return ["no figure: see step.log"]
     total = r["total_ms"]
     groups = sorted(r["groups_ms"].items(), key=lambda item: -item[1])
-    ops = sorted(r["ops_ms"].items(), key=lambda item: -item[1])[:12]
+    ops = [(f"`{name}`", ms) for name, ms in sorted(r["ops_ms"].items(), key=lambda item: -item[1])[:12]]
     return ([f"`benchmarks/gpu_profile.py`: torch.profiler over {r['shape']} seq {r['seq']} batch {r['batch']} "
              f"training steps (forward, backward, fused AdamW), the ops' self device time: {total:.2f} ms a step.",
              ""] + table(["group", "ms per step", "share"], [[g, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
-                                                             for g, ms in groups])
-            + [""] + table(["op", "ms per step", "share"], [[f"`{name}`", fmt(ms, ".2f"),
-                                                              fmt(100 * ms / total, ".1f", "%")] for name, ms in ops])
-            + loop_against_bare(results, r))
+                                                             for g, ms in groups]) + [""]
+            + table(["op", "ms per step", "share"], [[n, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
+                                                     for n, ms in ops]) + loop_against_bare(results, r))
 
 
 def loop_against_bare(results, bare: dict) -> list[str]:

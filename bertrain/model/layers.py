@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertrain.batch_layout import Packing
+from bertrain.model.layer_norm_triton import layer_norm
 
 
 def activation(name: str):
@@ -53,7 +54,7 @@ class LayerNorm(nn.LayerNorm):
             if self.float32_residual or x.dtype != half:  # a float32 input (the embeddings' sum) is normalized as is
                 y = F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
                 return y if self.float32_residual else y.to(half)
-            return F.layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
+            return layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
 
 
 class Embeddings(nn.Module):
