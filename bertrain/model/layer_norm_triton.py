@@ -102,12 +102,15 @@ class TritonLayerNorm(torch.autograd.Function):
         rows_per_program = -(-rows // programs)
         programs = -(-rows // rows_per_program) if rows else 1
         dx = torch.empty_like(rows_in)
-        dw = torch.zeros(programs, width, dtype=torch.float32, device=rows_in.device)
-        db = torch.zeros_like(dw)
+        # every program writes its row of both: no zeroing; summed in one reduction, cast in one kernel
+        partials = torch.empty(2, programs, width, dtype=torch.float32, device=rows_in.device)
         if rows:
-            _backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in, weight, mean, rstd, dx, dw, db, rows,
-                                   width, rows_per_program, **launch_options(width))
-        return dx.view(dy.shape), dw.sum(0).to(weight.dtype), db.sum(0).to(ctx.bias_dtype), None
+            _backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in, weight, mean, rstd, dx, partials[0],
+                                   partials[1], rows, width, rows_per_program, **launch_options(width))
+        else:
+            partials.zero_()
+        dw, db = partials.sum(1).to(weight.dtype).unbind()
+        return dx.view(dy.shape), dw, db.to(ctx.bias_dtype), None
 
 
 def backward_programs(device: torch.device) -> int:
