@@ -109,6 +109,17 @@ def assert_rounding_close(actual, expected, reduction_length: int, steps: int = 
     assert error <= rtol, f"{name}: relative error {error:.3g} > rounding_rtol {rtol:.3g}"
 
 
+def run_interpreted_tests(test_file: str, passed: int) -> None:
+    """Run `test_file`'s tests named *interpreted* in a process where Triton's interpreter runs the GPU kernels on the
+    CPU (it must be chosen before Triton is imported), and check that all `passed` of them pass."""
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k",
+                             "interpreted"], cwd=root, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
+    assert result.returncode == 0 and f"{passed} passed" in result.stdout, (result.stdout[-3000:]
+                                                                            + result.stderr[-3000:])
+
+
 def run_pretrain(config: Path, data: Path, run_dir: Path, *args: str, nproc: int = 1, env: dict | None = None,
                  timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m bertrain pretrain ...` (or torchrun with `nproc` processes) in a subprocess."""

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +16,7 @@ from bertrain.model import build_model
 from bertrain.train import lamb_native, lamb_triton
 from bertrain.train.lamb import Lamb, own_kernel
 from bertrain.train.optim import build_optimizer, parameter_groups, row_blocks_of
-from tests.helpers import assert_rounding_close
+from tests.helpers import assert_rounding_close, run_interpreted_tests
 from tests.reference_lamb import ReferenceLamb
 
 
@@ -319,11 +316,7 @@ def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     """The tests below, in a process where Triton's interpreter runs the GPU kernel on the CPU (it must be chosen
     before Triton is imported)."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                             "interpreted"], cwd=root, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
-    assert result.returncode == 0 and "5 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    run_interpreted_tests(__file__, passed=5)
 
 
 def small_triton_blocks(monkeypatch) -> None:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +12,7 @@ import torch.nn.functional as F
 
 from bertrain.errors import UsageError
 from bertrain.model import build_model, layer_norm_triton
-from tests.helpers import assert_rounding_close
+from tests.helpers import assert_rounding_close, run_interpreted_tests
 from tests.test_model import CONFIGS, padded_batch
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -27,11 +24,7 @@ def test_kernels_in_the_interpreter():
     """The tests below, in a process where Triton's interpreter runs the kernels on the CPU (it must be chosen
     before Triton is imported)."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                             "interpreted"], cwd=root, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
-    assert result.returncode == 0 and "12 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    run_interpreted_tests(__file__, passed=12)
 
 
 def forward_backward(norm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor) -> list:
