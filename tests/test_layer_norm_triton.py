@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,9 +121,9 @@ def test_an_unknown_layer_norm_kernel_is_a_usage_error_naming_the_choices(monkey
         layer_norm_triton.layer_norm(torch.randn(2, 8), (8,), torch.ones(8), torch.zeros(8), 1e-5)
 
 
-def test_layer_norm_kernels_compile_for_the_gpus_they_serve():
+def test_layer_norm_kernels_compile_for_the_gpus_they_serve(tmp_path):
     """Both kernels through Triton's compiler and ptxas for an A100 (sm_80) and an H100/H200 (sm_90) at BERT's widths
-    and the dtypes training gives them, no GPU needed."""
+    and the dtypes training gives them, no GPU needed; with Triton's cuobjdump, their registers checked too."""
     triton = pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
     try:
         from triton.backends.compiler import GPUTarget
@@ -152,3 +155,20 @@ def test_layer_norm_kernels_compile_for_the_gpus_they_serve():
                             pytest.skip(f"no ptxas with this Triton: {error}")
                         raise
                     assert ".entry" in compiled.asm["ptx"] and compiled.asm["cubin"], (arch, name, width, half)
+                    usage = resource_usage(triton, compiled.asm["cubin"], tmp_path)
+                    if usage:  # no spills; the backward's programs per multiprocessor fit its 64K registers
+                        assert usage["STACK"] == usage["LOCAL"] == 0, (arch, name, width, half, usage)
+                        warps = options["num_warps"]
+                        fit = layer_norm_triton.BACKWARD_PROGRAMS_PER_SM if name == "_backward" else 1
+                        assert usage["REG"] * 32 * warps * fit <= 65536, (arch, name, width, half, usage)
+
+
+def resource_usage(triton, cubin: bytes, folder: Path) -> dict[str, int]:
+    """cuobjdump's registers a thread, stack and local (spilled) bytes of a compiled kernel; {} without cuobjdump."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        return {}
+    path = folder / "kernel.cubin"
+    path.write_bytes(cubin)
+    listing = subprocess.run([str(cuobjdump), "-res-usage", str(path)], capture_output=True, text=True).stdout
+    return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", listing)}

@@ -1,7 +1,7 @@
 """LayerNorm's forward and backward as Triton kernels, for the half-precision residual stream on a GPU. torch's
 backward took 5.45 ms of bert-large's 75.6 ms step on an H200 (49 LayerNorms of [16384, 1024] bf16, about four times
 what their bytes need); here each backward program walks a block of rows and keeps its weight and bias gradient
-sums in registers. An experiment until measured on a GPU (`benchmarks/gpu_step.py --layer-norm-kernels`): chosen
+sums in registers. An experiment until measured on a GPU (`benchmarks/gpu_step.py --triton-layer-norm`): chosen
 by BERTRAIN_LAYER_NORM=triton, else torch's. The CPU tests run the kernels in Triton's interpreter."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ except ImportError:  # a CPU-only install: eligible() is False and nothing here 
 
 KERNELS = ("torch", "triton")
 MAX_WIDTH = 8192  # a row in one program's registers
+# 4: at BERT's widths the backward takes at most 104 registers a thread (sm_90, 4 warps), so four programs fit a
+# multiprocessor's 64K registers and keep 16 warps in flight (tests/test_layer_norm_triton.py checks it)
 BACKWARD_PROGRAMS_PER_SM = 4
 
 
@@ -61,10 +63,11 @@ def _backward(DY, X, W, MEAN, RSTD, DX, DW, DB, rows, width, rows_per_program, B
         offsets = row * width + cols
         x = tl.load(X + offsets, mask=inside, other=0.0).to(tl.float32)
         dy = tl.load(DY + offsets, mask=inside, other=0.0).to(tl.float32)
-        x_hat = tl.where(inside, (x - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)
+        rstd = tl.load(RSTD + row)
+        x_hat = tl.where(inside, (x - tl.load(MEAN + row)) * rstd, 0.0)
         w_dy = w * dy
-        dx = (w_dy - tl.sum(w_dy, axis=0) / width - x_hat * (tl.sum(x_hat * w_dy, axis=0) / width))
-        tl.store(DX + offsets, (dx * tl.load(RSTD + row)).to(DX.dtype.element_ty), mask=inside)
+        dx = w_dy - tl.sum(w_dy, axis=0) / width - x_hat * (tl.sum(x_hat * w_dy, axis=0) / width)
+        tl.store(DX + offsets, (dx * rstd).to(DX.dtype.element_ty), mask=inside)
         dw += dy * x_hat
         db += dy
     tl.store(DW + program * width + cols, dw, mask=inside)
