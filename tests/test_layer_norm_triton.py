@@ -106,7 +106,7 @@ def test_interpreted_kernels_that_fail_to_build_leave_torchs_with_a_warning(monk
             raise RuntimeError("no such instruction on this GPU")
 
     monkeypatch.setenv("BERTRAIN_LAYER_NORM", "triton")
-    monkeypatch.setattr(layer_norm_triton, "_forward", Unbuildable())
+    monkeypatch.setattr(layer_norm_triton, "_layer_norm_forward", Unbuildable())
     monkeypatch.setattr(layer_norm_triton, "_builds", {})
     x, weight, bias = torch.randn(4, 16), torch.randn(16), torch.randn(16)
     with pytest.warns(RuntimeWarning, match="Triton LayerNorm kernels failed on cpu.*no such instruction.*torch's"):
@@ -136,11 +136,11 @@ def test_layer_norm_kernels_compile_for_the_gpus_they_serve(tmp_path):
                 options = layer_norm_triton.launch_options(width)
                 block = {"BLOCK": options.pop("BLOCK")}
                 signatures = {
-                    "_forward": dict(X=f"*{half}", W=f"*{weights}", B=f"*{weights}", Y=f"*{half}", MEAN="*fp32",
-                                     RSTD="*fp32", width="i32", eps="fp32", BLOCK="constexpr"),
-                    "_backward": dict(DY=f"*{half}", X=f"*{half}", W=f"*{weights}", MEAN="*fp32", RSTD="*fp32",
-                                      DX=f"*{half}", DW="*fp32", DB="*fp32", rows="i32", width="i32",
-                                      rows_per_program="i32", BLOCK="constexpr")}
+                    "_layer_norm_forward": dict(X=f"*{half}", W=f"*{weights}", B=f"*{weights}", Y=f"*{half}",
+                                                MEAN="*fp32", RSTD="*fp32", width="i32", eps="fp32", BLOCK="constexpr"),
+                    "_layer_norm_backward": dict(DY=f"*{half}", X=f"*{half}", W=f"*{weights}", MEAN="*fp32",
+                                                 RSTD="*fp32", DX=f"*{half}", DW="*fp32", DB="*fp32", rows="i32",
+                                                 width="i32", rows_per_program="i32", BLOCK="constexpr")}
                 for name, signature in signatures.items():
                     kernel = getattr(layer_norm_triton, name)
                     assert list(signature) == list(kernel.arg_names)
@@ -159,7 +159,7 @@ def test_layer_norm_kernels_compile_for_the_gpus_they_serve(tmp_path):
                     if usage:  # no spills; the backward's programs per multiprocessor fit its 64K registers
                         assert usage["STACK"] == usage["LOCAL"] == 0, (arch, name, width, half, usage)
                         warps = options["num_warps"]
-                        fit = layer_norm_triton.BACKWARD_PROGRAMS_PER_SM if name == "_backward" else 1
+                        fit = layer_norm_triton.BACKWARD_PROGRAMS_PER_SM if name == "_layer_norm_backward" else 1
                         assert usage["REG"] * 32 * warps * fit <= 65536, (arch, name, width, half, usage)
 
 

@@ -2,7 +2,8 @@
 backward took 5.45 ms of bert-large's 75.6 ms step on an H200 (49 LayerNorms of [16384, 1024] bf16, about four times
 what their bytes need); here each backward program walks a block of rows and keeps its weight and bias gradient
 sums in registers. An experiment until measured on a GPU (`benchmarks/gpu_step.py --triton-layer-norm`): chosen
-by BERTRAIN_LAYER_NORM=triton, else torch's. The CPU tests run the kernels in Triton's interpreter."""
+by BERTRAIN_LAYER_NORM=triton, else torch's (`BERTRAIN_LAYER_NORM=triton benchmarks/gpu_profile.py` counts the
+kernels, named *_layer_norm_*, as normalization). The CPU tests run them in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _jit(function):
 
 
 @_jit
-def _forward(X, W, B, Y, MEAN, RSTD, width, eps, BLOCK: tl.constexpr):
+def _layer_norm_forward(X, W, B, Y, MEAN, RSTD, width, eps, BLOCK: tl.constexpr):
     """One row: y = (x - mean) * rstd * w + b, statistics in float32 (kept for the backward)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -48,7 +49,7 @@ def _forward(X, W, B, Y, MEAN, RSTD, width, eps, BLOCK: tl.constexpr):
 
 
 @_jit
-def _backward(DY, X, W, MEAN, RSTD, DX, DW, DB, rows, width, rows_per_program, BLOCK: tl.constexpr):
+def _layer_norm_backward(DY, X, W, MEAN, RSTD, DX, DW, DB, rows, width, rows_per_program, BLOCK: tl.constexpr):
     """A block of rows: dx = rstd * (w*dy - mean(w*dy) - x̂ * mean(x̂ * w*dy)); this block's sums of dy * x̂ (the
     weight's gradient) and dy (the bias's) written as one row of DW and DB."""
     program = tl.program_id(0)
@@ -81,7 +82,7 @@ def launch_options(width: int) -> dict:
 
 
 class TritonLayerNorm(torch.autograd.Function):
-    """F.layer_norm over the last dimension through _forward and _backward; x's dtype in and out."""
+    """F.layer_norm over the last dimension through the two kernels; x's dtype in and out."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -92,7 +93,7 @@ class TritonLayerNorm(torch.autograd.Function):
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
         if rows:
-            _forward[(rows,)](rows_in, weight, bias, y, mean, rstd, width, eps, **launch_options(width))
+            _layer_norm_forward[(rows,)](rows_in, weight, bias, y, mean, rstd, width, eps, **launch_options(width))
         ctx.save_for_backward(rows_in, weight, mean, rstd)
         ctx.bias_dtype = bias.dtype
         return y.view(x.shape)
@@ -108,8 +109,9 @@ class TritonLayerNorm(torch.autograd.Function):
         # every program writes its row of both: no zeroing; summed in one reduction, cast in one kernel
         partials = torch.empty(2, programs, width, dtype=torch.float32, device=rows_in.device)
         if rows:
-            _backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in, weight, mean, rstd, dx, partials[0],
-                                   partials[1], rows, width, rows_per_program, **launch_options(width))
+            _layer_norm_backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in, weight, mean, rstd, dx,
+                                              partials[0], partials[1], rows, width, rows_per_program,
+                                              **launch_options(width))
         else:
             partials.zero_()
         dw, db = partials.sum(1).to(weight.dtype).unbind()
