@@ -27,7 +27,7 @@ def test_kernels_in_the_interpreter():
     """The tests below, in a process where Triton's interpreter runs the kernels on the CPU (it must be chosen
     before Triton is imported)."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
-    run_interpreted_tests(__file__, passed=12)
+    run_interpreted_tests(__file__, passed=13)
 
 
 def forward_backward(norm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor) -> list:
@@ -97,6 +97,21 @@ def test_interpreted_layer_norm_keeps_torchs_kernel_unless_chosen(monkeypatch):
     monkeypatch.setattr(layer_norm_triton.TritonLayerNorm, "apply", None)  # a call would fail
     assert torch.equal(layer_norm_triton.layer_norm(x, (16,), weight, bias, 1e-5), F.layer_norm(x, (16,), weight,
                                                                                                 bias, 1e-5))
+
+
+@interpreted_only
+def test_interpreted_first_use_under_inference_mode_builds_without_touching_the_random_stream(monkeypatch):
+    """The trial run needs a graph (an evaluation may come first) and draws no random number (else a resumed run's
+    dropout would shift)."""
+    monkeypatch.setenv("BERTRAIN_LAYER_NORM", "triton")
+    monkeypatch.setattr(layer_norm_triton, "_builds", {})
+    x, weight, bias = torch.randn(4, 16), torch.randn(16), torch.randn(16)
+    state = torch.get_rng_state()
+    with torch.inference_mode():
+        y = layer_norm_triton.layer_norm(x, (16,), weight, bias, 1e-5)
+    assert layer_norm_triton._builds == {"cpu": True}
+    assert torch.equal(torch.get_rng_state(), state)
+    assert_rounding_close(y, F.layer_norm(x, (16,), weight, bias, 1e-5), 16)
 
 
 @interpreted_only

@@ -149,16 +149,22 @@ def builds(device: torch.device) -> bool:
     not suit costs a warning and torch's kernel, not a training run."""
     key = str(device)
     if key not in _builds:
-        try:
-            x = torch.randn(3, 40, device=device, requires_grad=True)
-            weight, bias = torch.ones(40, device=device), torch.zeros(40, device=device)
-            TritonLayerNorm.apply(x, weight, bias, 1e-5).sum().backward()
+        try:  # the first LayerNorm may come under no_grad or inference_mode (an evaluation): the trial needs a graph
+            with torch.inference_mode(False), torch.enable_grad():
+                _trial(device)
             _builds[key] = True
         except Exception as error:  # any compiler or launch failure: torch's kernel instead
             warnings.warn(f"BERTRAIN_LAYER_NORM=triton: the Triton LayerNorm kernels failed on {device} "
                           f"({type(error).__name__}: {error}); using torch's.", RuntimeWarning, stacklevel=2)
             _builds[key] = False
     return _builds[key]
+
+
+def _trial(device: torch.device) -> None:
+    """Both kernels once, on a small input (no random numbers: a run's random stream stays as without the trial)."""
+    x = torch.arange(120.0, device=device).reshape(3, 40).requires_grad_()
+    weight, bias = torch.ones(40, device=device), torch.zeros(40, device=device)
+    TritonLayerNorm.apply(x, weight, bias, 1e-5).sum().backward()
 
 
 def layer_norm(x: torch.Tensor, shape, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
