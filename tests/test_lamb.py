@@ -316,7 +316,7 @@ def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     """The tests below, in a process where Triton's interpreter runs the GPU kernel on the CPU (it must be chosen
     before Triton is imported)."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
-    run_interpreted_tests(__file__, passed=5)
+    run_interpreted_tests(__file__, passed=6)
 
 
 def small_triton_blocks(monkeypatch) -> None:
@@ -336,6 +336,17 @@ def test_interpreted_triton_kernel_equals_per_parameter_lamb(kind, monkeypatch):
     optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
     run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
     assert_same(reference_model, model, reference, optimizer, steps=5)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
+def test_interpreted_kernel_trial_draws_no_random_number(monkeypatch):
+    """builds() runs the kernels once per process: a random draw there would come again after a resume restored the
+    generator, and every later dropout mask would differ from the run that never stopped."""
+    small_triton_blocks(monkeypatch)
+    monkeypatch.setattr(lamb_triton, "_builds", {})
+    state = torch.get_rng_state()
+    assert lamb_triton.builds(torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")

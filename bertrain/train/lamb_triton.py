@@ -62,8 +62,8 @@ def builds(device: torch.device) -> bool:
                          f"{' or '.join(SCHEDULES)}, or unset it (two_pass).")
     key = (device, SCHEDULE, BLOCK, NUM_WARPS)
     if key not in _builds:
-        try:
-            params, grads, exp_avgs, exp_avg_sqs = ([torch.rand(n, device=device) for n in (5, BLOCK + 3)]
+        try:  # no random numbers: a resumed run would draw them again after restoring its generator, shifting dropout
+            params, grads, exp_avgs, exp_avg_sqs = ([torch.linspace(0.1, 1.0, n, device=device) for n in (5, BLOCK + 3)]
                                                     for _ in range(4))
             steps = [torch.ones((), device=device) for _ in params]
             lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, 1e-3, 0.9, 0.999, 1e-6, 0.01, None)
