@@ -270,8 +270,8 @@ def compiled_step(state, commands, results) -> list[str]:
 def part6(state, commands, results) -> list[str]:
     command = next(c for c in commands if c.part == "6")
     verdict = {"ok": "PASS", "failed (exit 1)": "FAIL (losses or weights differ)"}.get(command.status, command.status)
-    return [f"`--check-resume` (6 steps, stop at 3, resume to 6, fresh processes): **{verdict}**", "", "```",
-            command.tail or "(no output yet)", "```"]
+    return [f"`--check-resume` of tiny_albert with LAMB and dropout (6 steps, stop at 3, resume to 6, fresh "
+            f"processes): **{verdict}**", "", "```", command.tail or "(no output yet)", "```"]
 
 
 def part7(state, commands, results) -> list[str]:
