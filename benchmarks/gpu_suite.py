@@ -183,7 +183,7 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     # ALBERT with LAMB (the Triton kernel on a GPU) and dropout: every random draw of the step is checked (the
     # H200 runs of 2026-11-26 passed with tiny_bert and fused AdamW, before the LAMB kernel's trial stopped drawing)
     resume = [PY, "-m", "bertrain", "pretrain", "--config", "tiny_albert", "--data", data["pydoc"], "--check-resume",
-              "--set", "train.deterministic=true", "--set", "model.hidden_dropout_prob=0.1"]
+              "--set", "train.deterministic=true", "--set", "model.hidden_dropout_prob=0.1", "--set", "optim.name=lamb"]
     if quick:
         sync += ["--case", "tiny_bert:adamw", "--case", "tiny_albert:lamb", "--seq", "64", "--micro-batch", "4",
                  "--steps", "2", "--mixed-precision", "no"]
