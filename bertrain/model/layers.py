@@ -97,9 +97,9 @@ class LayerWeights(NamedTuple):
 
     qkv: Pair
     output: Pair
-    attention_norm: Pair
     up: Pair
     down: Pair
+    attention_norm: Pair
     output_norm: Pair
 
 
@@ -279,18 +279,17 @@ class EncoderLayer(nn.Module):
     def weights(self) -> LayerWeights:
         """The parameters as this forward uses them: under autocast, the ones it computes with in half precision
         copied to it by one CastWeights (autocast would cast each in its own kernel); else the parameters."""
-        modules = (self.attention.qkv, self.attention.output, self.attention_norm, self.feed_forward.up,
-                   self.feed_forward.down, self.output_norm)
-        pairs = [(m.weight, m.bias) for m in modules]
-        device = self.attention.qkv.weight.device.type
-        if not (self.fused_weight_cast and torch.is_autocast_enabled(device)):
-            return LayerWeights(*pairs)
-        # float32_residual's LayerNorms compute in float32, with their float32 parameters
-        cast = [i for i, m in enumerate(modules) if not getattr(m, "float32_residual", False)]
-        copies = iter(CastWeights.apply(torch.get_autocast_dtype(device), *[t for i in cast for t in pairs[i]]))
-        for i in cast:
-            pairs[i] = (next(copies), next(copies))
-        return LayerWeights(*pairs)
+        attention, feed_forward = self.attention, self.feed_forward
+        tensors = [attention.qkv.weight, attention.qkv.bias, attention.output.weight, attention.output.bias,
+                   feed_forward.up.weight, feed_forward.up.bias, feed_forward.down.weight, feed_forward.down.bias,
+                   self.attention_norm.weight, self.attention_norm.bias, self.output_norm.weight, self.output_norm.bias]
+        device = tensors[0].device.type
+        if self.fused_weight_cast and torch.is_autocast_enabled(device):
+            # the linears', and the LayerNorms' but for float32_residual's (float32, with float32 parameters)
+            cast = 8 if self.attention_norm.float32_residual else 12
+            tensors[:cast] = CastWeights.apply(torch.get_autocast_dtype(device), *tensors[:cast])
+        pairs = iter(tensors)
+        return LayerWeights(*zip(pairs, pairs))  # (weight, bias) after (weight, bias), in LayerWeights' order
 
     def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None = None
                 ) -> torch.Tensor:
