@@ -73,22 +73,22 @@ def header(state: dict, commands) -> list[str]:
 
 
 def part1(state, commands, results) -> list[str]:
-    rows = step_rows(results)
+    rows, tried = step_rows(results), step_rows(results, "1-triton")
     out = ["Medians of alternated rounds; useful MFU = model_step.useful_flops (MLM head at the masked positions "
            "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU). Last two columns: "
            "ours again, same model, with autocast casting each weight instead of one cast per encoder layer "
-           "(`--per-weight-casts`), and with BERTRAIN_LAYER_NORM=triton (`--triton-layer-norm`; 'not run': not "
-           "built or not for this device); > 1: the default's one cast, Triton's LayerNorm, is faster.", ""]
+           "(`--per-weight-casts`), and, in a run of its own, with BERTRAIN_LAYER_NORM=triton (`--triton-layer-norm`;"
+           " 'not run': not built or not for this device); > 1: the default's one cast, Triton's LayerNorm, is "
+           "faster.", ""]
     body = []
     for shape, seq in (tuple(key) for key in state["step_shapes"]):
-        r = rows.get((shape, seq))
-        triton = r and r.get("triton_layer_norm")
-        body.append([shape, seq] + (["no figure: see step.log"] + [""] * 8 if r is None else [
+        r, t = rows.get((shape, seq)), tried.get((shape, seq))
+        triton = "n/a" if not t else fmt(t["ours"] / t["triton_layer_norm"], ".3f", "x") if t.get(
+            "triton_layer_norm_built") else "not run"
+        body.append([shape, seq] + (["no figure: see step.log"] + [""] * 7 + [triton] if r is None else [
             r["batch"], fmt(r["ours_seq_s"], ".1f"), fmt(r["hf_seq_s"], ".1f"), fmt(r["speedup"], ".2f", "x"),
             fmt(100 * r["mfu"], ".1f", "%"), fmt(100 * r["hf_mfu"], ".1f", "%"), fmt(r["peak"] / 1e12, ".3g"),
-            fmt(r.get("per_weight_casts") and r["per_weight_casts"] / r["ours"], ".3f", "x"),
-            fmt(triton and r["ours"] / triton, ".3f", "x") if r.get("triton_layer_norm_built") else
-            "not run" if triton else "n/a"]))
+            fmt(r.get("per_weight_casts") and r["per_weight_casts"] / r["ours"], ".3f", "x"), triton]))
     return out + table(["shape", "seq", "batch", "ours seq/s", "transformers seq/s", "speed-up", "ours useful MFU",
                         "transformers MFU", "GEMM peak TF/s", "one cast per layer vs per weight",
                         "Triton LayerNorm vs torch's"], body)

@@ -117,8 +117,9 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# part 2's diagnostic runs, run last (optional), when time is left
-EXTRA_RUNS = ("bert_large-128-workers-4",)
+# run last (optional), in this order, when time is left: the Triton LayerNorm's A/B (a process of its own, so that
+# an untried kernel cannot take part 1's figures with it), part 2's diagnostic run
+EXTRA_RUNS = ("gpu_step-triton-layer-norm", "bert_large-128-workers-4")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
@@ -148,15 +149,19 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
                                                      data["pydoc"] / "tokenizer", "--workers", str(workers),
                                                      "--num-shards", str(workers), "--out", data["synthetic"]],
                 90, 15, 12, "setup.log")]
-    step = [PY, bench / "gpu_step.py", "--per-weight-casts", "--triton-layer-norm", "--results", results / "1.jsonl"]
+    step = [PY, bench / "gpu_step.py", "--per-weight-casts", "--results", results / "1.jsonl"]
     shapes = step_shapes(quick)
     step += ["--shapes", ",".join(dict.fromkeys(s for s, _ in shapes)), "--seqs", ",".join(
         str(q) for q in dict.fromkeys(q for _, q in shapes))]
     step += ["--device", device, "--batch", "4", "--rounds", "1", "--repeats", "1", "--gemm-size", "256"] if quick \
         else ["--rounds", "3"]
-    # two variants of ours beside it (per-weight casts, Triton LayerNorm): 20 more steps a row (~9 s on the H200,
-    # 2026-11-26: 48 s in all then) and the Triton kernels compiled once per width (a few seconds each)
-    commands.append(Command("1", "gpu_step", step, 150, 65, 68, "step.log"))
+    # ours with per-weight casts beside it: 10 more steps a row (~5 s on the H200, where part 1 took 48 s on 2026-11-26)
+    commands.append(Command("1", "gpu_step", step, 150, 60, 65, "step.log"))
+    triton = [PY, bench / "gpu_step.py", "--triton-layer-norm", "--results", results / "1-triton.jsonl"] + (
+        ["--device", device, "--shapes", "tiny", "--seqs", "32", "--batch", "4", "--rounds", "1", "--repeats", "1",
+         "--gemm-size", "256"] if quick else ["--shapes", "bert-large,albert-large", "--seqs", "128", "--rounds", "3"])
+    commands.append(Command("1", "gpu_step-triton-layer-norm", triton, 60, 0, 25, "step.log", min_start=20,
+                            optional=True))
     for run in pretrain_runs(quick):
         compiling = "compile" in run["label"]
         argv = [PY, bench / "gpu_pretrain.py", "--last", run["last"], "--label", run["label"], "--results",

@@ -56,13 +56,14 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5", "2"]
-    assert [c.label for c in commands[-3:]] == ["gpu_step-compile", "bert_large-128-compile",
-                                                "bert_large-128-workers-4"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5", "1",
+                                                                          "2"]
+    assert [c.label for c in commands[-4:]] == ["gpu_step-compile", "bert_large-128-compile",
+                                                "gpu_step-triton-layer-norm", "bert_large-128-workers-4"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-3]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-3:])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-3].min_start)
+    before_compile = sum(c.expect for c in commands[:-4]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-4:]) and not any(c.optional for c in commands[:-4])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-4].min_start)
     for command in commands:
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
@@ -89,11 +90,11 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the extra run
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 80 s left, 100 s needed"
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-3].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-4].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-4].status = "timed out after 45 s"
+    commands[-5].status = "timed out after 45 s"
     assert gpu_suite.suite_failed({}, commands)
-    commands[-4].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-5].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -143,8 +144,12 @@ def table_rows(report: str, heading: str) -> list[list[str]]:
 
 def fake_gpu_results(runs: list[dict]) -> dict:
     """Figures shaped as the GPU run writes them, for every row the report expects."""
-    step = [dict(shape=shape, seq=seq, batch=32, dtype="bf16", ours=0.05, hf=0.07, peak=6.6e14, flops=1.5e13)
-            for shape in ("bert-base", "bert-large", "albert-base", "albert-large") for seq in (128, 512)]
+    step = [dict(shape=shape, seq=seq, batch=32, dtype="bf16", ours=0.05, hf=0.07, peak=6.6e14, flops=1.5e13,
+                 per_weight_casts=0.0525) for shape in ("bert-base", "bert-large", "albert-base", "albert-large")
+            for seq in (128, 512)]
+    # the Triton LayerNorm's own run: it built for bert-large (0.05 s against 0.04 s), not for albert-large
+    triton = [dict(step[2], triton_layer_norm=0.04, triton_layer_norm_built=True),
+              dict(step[6], triton_layer_norm=0.05, triton_layer_norm_built=False)]
     pretrain = [dict(label=run["label"], exit_code=0, steps_run=run["steps"], measured_steps=run["last"],
                      tokens_per_s=5e5, samples_per_s=4e3, step_ms=60.0, useful_mfu=0.4, peak_flops=7.26e14,
                      data_wait_share=0.01, host_train_step_ms_median=54.0,
@@ -157,7 +162,7 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
     eager = [r for r in pretrain if "compile" not in r["label"]]
-    return {"1": step, "2": eager, "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
+    return {"1": step, "1-triton": triton, "2": eager, "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17)],
             # the best configuration measured with the host ahead: 1.12x (the 1.05x one was host-bound)
             "4-kernels": [dict(config=name, parameters_of="bert_base", device_ms=ratio, device_ratio=ratio, wall_ms=1.5,
@@ -179,7 +184,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     commands = gpu_suite.plan("cuda", False, tmp_path)
     for command in commands:
         command.status, command.tail = "ok", "PASS"
-    commands[-2].status = "timed out after 150 s"  # the compiled pretrain run
+    commands[-3].status = "timed out after 150 s"  # the compiled pretrain run
     runs = gpu_suite.pretrain_runs(False)
     info = dict(gpu="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.2, torch="2.11.0", cuda="13.0", driver="580.159.04")
     state = dict(device="cuda", quick=False, out="o", scratch="s", argv="bash benchmarks/gpu_suite.sh o", runs=runs,
@@ -189,6 +194,11 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert report.splitlines()[2] == "- GPU: NVIDIA H100 80GB HBM3 (79 GiB)"
     assert "CUDA 13.0, driver 580.159.04" in report and "**bert_large-128-compile: timed out after 150 s**" in report
     assert len(table_rows(report, "## 1.")) == 8
+    # one cast per layer against per-weight casts (0.0525 / 0.05), and the Triton LayerNorm where its run measured
+    assert {(row[0], row[1]): tuple(row[-2:]) for row in table_rows(report, "## 1.")} == {
+        (shape, seq): ("1.050x", {"bert-large": "1.250x", "albert-large": "not run"}.get(shape, "n/a") if seq == "128"
+                       else "n/a") for shape in ("bert-base", "bert-large", "albert-base", "albert-large")
+        for seq in ("128", "512")}
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
@@ -255,9 +265,12 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 16
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 17
     figures = results["results"]
-    assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 for r in figures["1"])
+    assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 < r["per_weight_casts"]
+                                          for r in figures["1"])
+    # the Triton LayerNorm's run: timed, its kernels for a GPU (or Triton's interpreter) only
+    assert [(r["triton_layer_norm"] > 0, r["triton_layer_norm_built"]) for r in figures["1-triton"]] == [(True, False)]
     assert [r["label"] for r in figures["2"]] == [run["label"] for run in gpu_suite.pretrain_runs(True)
                                                   if "compile" not in run["label"]]
     for run in figures["2"] + figures["5"]:
