@@ -69,16 +69,16 @@ def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict
         ours_step()
         synchronize(device)
         extra = dict(compiled=True, compile_s=time.perf_counter() - started)
-    default_layer_norm = layer_norm_triton.chosen()
-    functions = {"ours": variant(ours, ours_step, True, default_layer_norm),
+    layers, default_layer_norm = [m for m in ours.modules() if isinstance(m, EncoderLayer)], layer_norm_triton.chosen()
+    functions = {"ours": variant(layers, ours_step, True, default_layer_norm),
                  "hf": step_fn(theirs, batch, True, config.type, dtype, device), "gemm": gemm}
     # the same model, weights and optimizer: only the casts, or the LayerNorm kernels, differ
     if args.per_weight_casts:
-        functions["per_weight_casts"] = variant(ours, ours_step, False, default_layer_norm)
+        functions["per_weight_casts"] = variant(layers, ours_step, False, default_layer_norm)
     if args.triton_layer_norm:
-        functions["triton_layer_norm"] = variant(ours, ours_step, True, "triton")
+        functions["triton_layer_norm"] = variant(layers, ours_step, True, "triton")
     medians = time_alternating(functions, args.rounds, args.repeats, device)
-    os.environ["BERTRAIN_LAYER_NORM"] = default_layer_norm
+    use_variant(layers, True, default_layer_norm)  # the next length's steps (and compile warm-up) run the default
     peak = gemm_flops / medians["gemm"]
     flops = useful_flops(config, batch_size, int((batch["labels"] != -100).sum()), seq)
     extra.update({name: medians[name] for name in ("per_weight_casts", "triton_layer_norm") if name in medians})
@@ -87,15 +87,18 @@ def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict
     return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops, **extra)
 
 
-def variant(model, step, fused_weight_cast: bool, layer_norm: str):
-    """`step` with the encoder layers' weights cast in one kernel each (EncoderLayer.weights) or by autocast, and
+def use_variant(layers: list[EncoderLayer], fused_weight_cast: bool, layer_norm: str) -> None:
+    """The encoder layers' weights cast in one kernel each (EncoderLayer.weights) or by autocast, and
     BERTRAIN_LAYER_NORM's kernels."""
-    layers = [m for m in model.modules() if isinstance(m, EncoderLayer)]
+    for layer in layers:
+        layer.fused_weight_cast = fused_weight_cast
+    os.environ["BERTRAIN_LAYER_NORM"] = layer_norm
 
+
+def variant(layers: list[EncoderLayer], step, fused_weight_cast: bool, layer_norm: str):
+    """`step` in that variant (use_variant) each time it runs."""
     def run() -> None:
-        for layer in layers:
-            layer.fused_weight_cast = fused_weight_cast
-        os.environ["BERTRAIN_LAYER_NORM"] = layer_norm
+        use_variant(layers, fused_weight_cast, layer_norm)
         step()
 
     return run
