@@ -145,7 +145,7 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
         batches = [stream.next(), stream.next()]  # outside: the loader is not the step
         with counting_syncs(accelerator.device) as found:
             result = train_step(model, accelerator, batches, max_grad_norm=1.0)
-            optimizer_step(optimizer, result.finite, loss_scale)
+            optimizer_step(optimizer, result, loss_scale)
             watch.add(result.finite)
         return found, result
 
@@ -160,7 +160,7 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
         torch.cuda.set_sync_debug_mode("error")
         try:
             result = train_step(model, accelerator, batches, max_grad_norm=1.0)
-            optimizer_step(optimizer, result.finite, loss_scale)
+            optimizer_step(optimizer, result, loss_scale)
             watch.add(result.finite)
             error_mode = "passed"
         except RuntimeError as error:
@@ -181,11 +181,11 @@ def optimizer_case(args) -> dict:
     from bertrain.config import load_config
     from bertrain.model import build_model
     from bertrain.train.lamb import Lamb, own_kernel
-    from bertrain.train.optim import lamb_groups, parameter_groups, row_blocks_of
+    from bertrain.train.optim import lamb_groups, optimizer_groups, row_blocks_of
 
     device = torch.device(args.device)
     model = build_model(load_config(args.config, ["model.vocab_size=30522"]).model).to(device)
-    groups = lamb_groups([{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.01)])
+    groups = lamb_groups(optimizer_groups(model, 0.01))
     for param in model.parameters():
         param.grad = torch.randn_like(param) * 1e-3
     kernel = own_kernel(list(model.parameters()))
@@ -197,11 +197,21 @@ def optimizer_case(args) -> dict:
                   "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False, row_blocks=blocks)}
     for optimizer in optimizers.values():
         optimizer.found_inf = found_inf
-    medians = time_alternating({name: o.step for name, o in optimizers.items()}, args.rounds, args.repeats, device)
+    steps = {name: o.step for name, o in optimizers.items()}
+    # Clipping (max norm above the gradients' norm: a factor of 1, the weights' path unchanged) in place, as torch's
+    # clip_grad_norm_, then the step; or as fused AdamW's grad_scale, as train/step.py's optimizer_step clips.
+    params, adamw = list(model.parameters()), optimizers["fused AdamW"]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    steps["AdamW, clipped in place"] = lambda: (torch.nn.utils.clip_grads_with_norm_(params, 1e9, norm), adamw.step())
+    steps["AdamW, clipped as grad_scale"] = lambda: (setattr(adamw, "grad_scale", torch.ones((), device=device)),
+                                                     adamw.step(), delattr(adamw, "grad_scale"))
+    medians = time_alternating(steps, args.rounds, args.repeats, device)
     return dict(config=args.config, parameters=sum(p.numel() for p in model.parameters()), device=str(device),
                 kernel=kernel.__name__.rsplit(".", 1)[-1] if kernel else "torch ops", kernel_vs_torch_ops=difference,
                 adamw_ms=1e3 * medians["fused AdamW"], lamb_ms=1e3 * medians["LAMB"],
                 lamb_torch_ops_ms=1e3 * medians["LAMB, torch ops"], ratio=medians["LAMB"] / medians["fused AdamW"],
+                clip_in_place_ms=1e3 * medians["AdamW, clipped in place"],
+                clip_scale_ms=1e3 * medians["AdamW, clipped as grad_scale"],
                 adamw_host_ms=host_ms(optimizers["fused AdamW"].step, device),
                 lamb_host_ms=host_ms(optimizers["LAMB"].step, device))
 

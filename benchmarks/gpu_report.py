@@ -5,7 +5,7 @@ from __future__ import annotations
 TIME_BUDGET = "not measured (time budget)"  # gpu_suite's status of a command the budget left no time for
 TITLES = {"0": "Setup", "1": "Training step vs transformers", "2": "bertrain pretrain end to end",
           "3": "Host synchronizations in the step", "4": "LAMB vs fused AdamW", "5": "torch.compile",
-          "6": "Exact resume", "7": "Where the step's time goes"}
+          "6": "Exact resume", "7": "Where the step's time goes", "8": "Targets"}
 
 
 def fmt(value, spec: str = ".3g", suffix: str = "") -> str:
@@ -187,15 +187,18 @@ def part4(state, commands, results) -> list[str]:
     body = [[r.get("config"), fmt(r.get("parameters") and r["parameters"] / 1e6, ".1f", "M"), r.get("kernel"),
              fmt(r.get("kernel_vs_torch_ops"), ".1e"), fmt(r.get("adamw_ms"), ".2f"), fmt(r.get("lamb_ms"), ".2f"),
              fmt(r.get("lamb_torch_ops_ms"), ".2f"), fmt(r.get("ratio"), ".2f", "x"),
-             f"{fmt(r.get('adamw_host_ms'), '.2f')} / {fmt(r.get('lamb_host_ms'), '.2f')}"]
+             f"{fmt(r.get('adamw_host_ms'), '.2f')} / {fmt(r.get('lamb_host_ms'), '.2f')}",
+             f"{fmt(r.get('clip_in_place_ms'), '.2f')} / {fmt(r.get('clip_scale_ms'), '.2f')}"]
             for r in results.get("4", [])]
     return ["Optimizer step alone, random gradients, `found_inf` set as the loop sets it; medians of alternated "
             "rounds. kernel vs torch ops: the largest weight difference between LAMB's kernel and LAMB's torch ops "
             "after 3 steps from the same weights and gradients, over the largest weight change (float32 rounding: "
             "below 1e-4). host ms: the host's time per step without waiting for the device (near the step's time: "
-            "the step is launch-bound).", ""] + table(["parameters of", "count", "LAMB kernel", "kernel vs torch ops",
-                                         "fused AdamW ms", "LAMB ms", "LAMB torch ops ms", "LAMB / AdamW",
-                                         "host ms: AdamW / LAMB"], body) + lamb_kernels(results)
+            "the step is launch-bound). AdamW clipped: fused AdamW with gradient clipping, in place as torch's "
+            "clip_grad_norm_ then the step, or as the step's grad_scale (as train/step.py clips).", ""] + table(
+        ["parameters of", "count", "LAMB kernel", "kernel vs torch ops", "fused AdamW ms", "LAMB ms",
+         "LAMB torch ops ms", "LAMB / AdamW", "host ms: AdamW / LAMB", "AdamW clipped ms: in place / grad_scale"],
+        body) + lamb_kernels(results)
 
 
 def lamb_kernels(results) -> list[str]:
@@ -383,7 +386,8 @@ def targets(state, commands, results) -> list[str]:
 
 def render(state: dict, commands, results: dict) -> str:
     lines = header(state, commands)
-    sections = [("1", part1), ("2", part2), ("3", part3), ("4", part4), ("5", part5), ("6", part6), ("7", part7)]
+    sections = [("1", part1), ("2", part2), ("3", part3), ("4", part4), ("5", part5), ("6", part6), ("7", part7),
+                ("8", targets)]
     for part, build in sections:
         lines += ["", f"## {part}. {TITLES[part]}", ""]
         try:
@@ -391,10 +395,5 @@ def render(state: dict, commands, results: dict) -> str:
         except Exception as error:  # a malformed result must not cost the rest of the report
             lines.append(f"(this section failed to render: {type(error).__name__}: {error})")
         lines += failures(commands, part)
-    lines += ["", "## 8. Targets", ""]
-    try:
-        lines += targets(state, commands, results)
-    except Exception as error:
-        lines.append(f"(this section failed to render: {type(error).__name__}: {error})")
     lines += ["", "## Setup", ""] + (failures(commands, "0") or ["install and data preparation: see setup.log"])
     return "\n".join(lines) + "\n"

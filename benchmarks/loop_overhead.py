@@ -50,7 +50,7 @@ def loop_step(model, optimizer, optim_config: OptimConfig, log_every: int):
     def step(batch: dict) -> None:
         result = train_step(model, accelerator, [batch], optim_config.max_grad_norm)
         state["tokens"] += result.tokens
-        optimizer_step(optimizer, result.finite, None)
+        optimizer_step(optimizer, result, None)
         watch.add(result.finite)
         scheduler.step()
         state["step"] += 1

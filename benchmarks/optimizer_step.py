@@ -24,7 +24,7 @@ from bertrain.config import load_config
 from bertrain.model import build_model
 from bertrain.train import lamb_native
 from bertrain.train.lamb import Lamb
-from bertrain.train.optim import lamb_groups, parameter_groups, row_blocks_of
+from bertrain.train.optim import lamb_groups, optimizer_groups, row_blocks_of
 from bertrain.train.precision import cpu_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests/
@@ -35,7 +35,7 @@ def bert_base_groups(config_name: str, weight_decay: float) -> tuple[list[dict],
     """(parameter groups with random gradients, LAMB's row blocks) of the config's model."""
     config = load_config(config_name, ["model.vocab_size=30522"])
     model = build_model(config.model)
-    groups = lamb_groups([{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, weight_decay)])
+    groups = lamb_groups(optimizer_groups(model, weight_decay))
     generator = torch.Generator().manual_seed(0)
     for group in groups:
         for param in group["params"]:

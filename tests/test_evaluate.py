@@ -632,3 +632,39 @@ def test_under_launch_two_processes_share_the_runs(tmp_path):
                                  seeds=4)
     assert {r["seed"]: r["scores"] for r in runs} == {r["seed"]: r["scores"] for r in single["runs"]}
     assert stdout.count("average (of medians)") == 1  # rank 0 prints the summary once every run is in
+
+
+def test_fine_tuning_clips_as_the_fused_steps_grad_scale_as_torchs_clip_grad_norm(tmp_path, monkeypatch):
+    """Fused AdamW clips through its grad_scale (no pass over the gradients of its own): the weights trained are
+    torch's clip_grad_norm_'s within rounding, and a max_grad_norm below the gradients' norms changes them."""
+    import torch
+
+    from bertrain.train import finetune as finetune_module
+    from tests.helpers import assert_rounding_close
+
+    model = tiny_model_dir(tmp_path)
+    tasks = resolve_tasks(str(write_task(tmp_path / "task")), None)
+    trained, scales, real_step = {}, [], torch.optim.AdamW.step
+
+    def step(optimizer, *args, **kwargs):
+        scales.append(getattr(optimizer, "grad_scale", None))
+        return real_step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    for label, grad_scale, max_grad_norm in (("grad_scale", True, "0.05"), ("in place", False, "0.05"),
+                                             ("unclipped", True, "null")):
+        monkeypatch.setattr(finetune_module, "evaluate_splits", lambda model, *args, label=label: trained.update(
+            {label: {k: v.clone() for k, v in model.state_dict().items()}}) or ({"accuracy": 0.5}, False))
+        monkeypatch.setattr(finetune_module, "takes_grad_scale", lambda optimizer, on=grad_scale: on)
+        scales.clear()
+        downstream.evaluate(model, tasks, tmp_path / label.replace(" ", "-"), quiet_console(),
+                            QUICK + [f"finetune.max_grad_norm={max_grad_norm}"], seeds=1)
+        assert len(scales) == 1 + 12 and scales[0] is None  # optim.fused_supported's trial step, then the run's
+        if label == "grad_scale":  # every step clipped (a divisor above 1), by the step itself
+            assert all(s is not None and float(s) > 1 for s in scales[1:]), scales
+        else:
+            assert scales == [None] * 13
+    steps, longest = 12, 8 * 24  # a batch's tokens: the longest sum of a weight gradient
+    for name, value in trained["grad_scale"].items():
+        assert_rounding_close(value, trained["in place"][name], longest, steps=steps, name=name)
+    assert any(not torch.allclose(value, trained["unclipped"][name]) for name, value in trained["grad_scale"].items())

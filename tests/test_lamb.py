@@ -15,7 +15,7 @@ from bertrain.errors import UsageError
 from bertrain.model import build_model
 from bertrain.train import lamb_native, lamb_triton
 from bertrain.train.lamb import Lamb, own_kernel
-from bertrain.train.optim import build_optimizer, parameter_groups, row_blocks_of
+from bertrain.train.optim import build_optimizer, optimizer_groups, parameter_groups, row_blocks_of
 from tests.helpers import assert_rounding_close, run_interpreted_tests
 from tests.reference_lamb import ReferenceLamb
 
@@ -30,7 +30,7 @@ def tiny_model(kind: str):
 
 def groups_of(model) -> list[dict]:
     """Two groups, weight decay 0.1 on matrices and none on biases / LayerNorm (zero biases: ratio 1)."""
-    return [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, 0.1)]
+    return optimizer_groups(model, 0.1)
 
 
 def run_steps(models_and_optimizers, steps: int, seed: int = 1, skip: str | None = None) -> None:

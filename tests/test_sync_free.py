@@ -93,7 +93,7 @@ def test_train_steps_read_nothing_back(tiny_data, kind, optimizer_name, unpad):
     with no_host_reads():
         for _ in range(3):
             result = train_step(model, OneProcess(), [next(loader), next(loader)], max_grad_norm=1.0)
-            optimizer_step(optimizer, result.finite, loss_scale=None)
+            optimizer_step(optimizer, result, loss_scale=None)
             watch.add(result.finite)
     assert watch.read() == (0, 0)
     metrics = result.read(OneProcess())  # the log-time read, outside the guard
@@ -117,7 +117,7 @@ def test_a_non_finite_step_is_skipped_without_a_read(tiny_data, optimizer_name):
     with no_host_reads():
         for _ in range(2):
             result = train_step(model, OneProcess(), [next(loader)], max_grad_norm=1.0)
-            optimizer_step(optimizer, result.finite, loss_scale=None)
+            optimizer_step(optimizer, result, loss_scale=None)
             watch.add(result.finite)
     assert watch.read() == (2, 2) and watch.read() == (0, 2)
     after = model.state_dict()

@@ -23,6 +23,7 @@ from bertrain.train.optim import build_optimizer, build_scheduler
 from bertrain.train.precision import choose_mixed_precision
 from bertrain.train.scores import score
 from bertrain.train.signals import raise_if_interrupted, received_signal_name, stop_requested
+from bertrain.train.step import clip_scale, takes_grad_scale
 from bertrain.train.threads import ThreadPlan, ThreadTuner
 
 ADAM_EPS = 1e-8  # transformers Trainer's default (Google's BERT: 1e-6); changes nothing measurable here
@@ -126,13 +127,17 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
                 scaler.unscale_(optimizer)
             else:
                 loss.backward()
-            if recipe.max_grad_norm is not None:
+            if recipe.max_grad_norm is not None and scaler is None and takes_grad_scale(optimizer):
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                optimizer.grad_scale = clip_scale(torch.nn.utils.get_total_norm(grads), recipe.max_grad_norm)
+            elif recipe.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
             else:
                 optimizer.step()
+                optimizer.__dict__.pop("grad_scale", None)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             done, seen = done + 1, seen + len(indices)

@@ -293,7 +293,7 @@ class Trainer:
         """Step the optimizer and schedule. A non-finite step's update is skipped on the device, unread, and still
         counts as a step; under fp16 the scaler skips it (or an overflow) uncounted, read every step (LossScale)."""
         state, scale = parts.state, session.loss_scale
-        applied = optimizer_step(parts.optimizer, metrics.finite, scale)
+        applied = optimizer_step(parts.optimizer, metrics, scale)
         session.skipped_last = not applied
         session.watch.add(metrics.finite)
         if scale is not None:

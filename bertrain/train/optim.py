@@ -31,6 +31,11 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """parameter_groups without their names: the groups as an optimizer takes them."""
+    return [{k: v for k, v in group.items() if k != "names"} for group in parameter_groups(model, weight_decay)]
+
+
 def lamb_groups(groups: list[dict]) -> list[dict]:
     """parameter_groups' two groups (decay, no decay) as LAMB takes them: as Google's LAMB (BERT, ALBERT:
     exclude_from_layer_adaptation defaults to the decay exclusions) and NVIDIA's (use_nvlamb off), no trust ratio
@@ -60,8 +65,7 @@ def fused_supported(device: torch.device) -> bool:
 def build_optimizer(model: torch.nn.Module, config: OptimConfig,
                     device: torch.device | None = None) -> torch.optim.Optimizer:
     """AdamW (fused where the device supports it, else foreach) or LAMB over `parameter_groups`."""
-    groups = [{k: v for k, v in group.items() if k != "names"}
-              for group in parameter_groups(model, config.weight_decay)]
+    groups = optimizer_groups(model, config.weight_decay)
     betas = (float(config.betas[0]), float(config.betas[1]))
     if config.name == "lamb":
         return Lamb(lamb_groups(groups), lr=config.lr, betas=betas, eps=config.eps, row_blocks=row_blocks_of(model))
