@@ -8,11 +8,11 @@ kernels, named *_layer_norm_*, as normalization). The CPU tests run them in Trit
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 
 from bertrain.errors import UsageError
+from bertrain.kernel_trial import tried_once
 
 try:
     import triton
@@ -147,21 +147,13 @@ _builds: dict[str, bool] = {}
 def builds(device: torch.device) -> bool:
     """Whether the kernels compile and run on `device`: tried once on a small input, so that a Triton version they do
     not suit costs a warning and torch's kernel, not a training run."""
-    key = str(device)
-    if key not in _builds:
-        try:  # the first LayerNorm may come under no_grad or inference_mode (an evaluation): the trial needs a graph
-            with torch.inference_mode(False), torch.enable_grad():
-                _trial(device)
-            _builds[key] = True
-        except Exception as error:  # any compiler or launch failure: torch's kernel instead
-            warnings.warn(f"BERTRAIN_LAYER_NORM=triton: the Triton LayerNorm kernels failed on {device} "
-                          f"({type(error).__name__}: {error}); using torch's.", RuntimeWarning, stacklevel=2)
-            _builds[key] = False
-    return _builds[key]
+    return tried_once(_builds, str(device), device, lambda: _trial(device), lambda error: (
+        f"BERTRAIN_LAYER_NORM=triton: the Triton LayerNorm kernels failed on {device} ({type(error).__name__}: "
+        f"{error}); using torch's."), stacklevel=3)
 
 
 def _trial(device: torch.device) -> None:
-    """Both kernels once, on a small input (no random numbers: a run's random stream stays as without the trial)."""
+    """Both kernels once, on a small input."""
     x = torch.arange(120.0, device=device).reshape(3, 40).requires_grad_()
     weight, bias = torch.ones(40, device=device), torch.zeros(40, device=device)
     TritonLayerNorm.apply(x, weight, bias, 1e-5).sum().backward()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import warnings
 
 import torch
 
 from bertrain.errors import UsageError
+from bertrain.kernel_trial import tried_once
 
 try:
     import triton
@@ -60,19 +60,16 @@ def builds(device: torch.device) -> bool:
     if SCHEDULE not in SCHEDULES:
         raise UsageError(f"BERTRAIN_LAMB_SCHEDULE={SCHEDULE!r} is not a schedule of LAMB's GPU kernel: set "
                          f"{' or '.join(SCHEDULES)}, or unset it (two_pass).")
-    key = (device, SCHEDULE, BLOCK, NUM_WARPS)
-    if key not in _builds:
-        try:  # no random numbers: a resumed run would draw them again after restoring its generator, shifting dropout
-            params, grads, exp_avgs, exp_avg_sqs = ([torch.linspace(0.1, 1.0, n, device=device) for n in (5, BLOCK + 3)]
-                                                    for _ in range(4))
-            steps = [torch.ones((), device=device) for _ in params]
-            lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, 1e-3, 0.9, 0.999, 1e-6, 0.01, None)
-            _builds[key] = True
-        except Exception as error:  # noqa: BLE001 - Triton's compile errors have no common type
-            warnings.warn(f"LAMB: the Triton kernel did not build on {device} ({type(error).__name__}: {error}); "
-                          "the optimizer step uses torch ops (about 2x slower).", RuntimeWarning, stacklevel=4)
-            _builds[key] = False
-    return _builds[key]
+
+    def trial() -> None:
+        params, grads, exp_avgs, exp_avg_sqs = ([torch.linspace(0.1, 1.0, n, device=device) for n in (5, BLOCK + 3)]
+                                                for _ in range(4))
+        steps = [torch.ones((), device=device) for _ in params]
+        lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, 1e-3, 0.9, 0.999, 1e-6, 0.01, None)
+
+    return tried_once(_builds, (device, SCHEDULE, BLOCK, NUM_WARPS), device, trial, lambda error: (
+        f"LAMB: the Triton kernel did not build on {device} ({type(error).__name__}: {error}); the optimizer step "
+        "uses torch ops (about 2x slower)."), stacklevel=5)
 
 
 def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
