@@ -16,7 +16,7 @@ from bertrain.model import build_model
 from bertrain.train import lamb_native, lamb_triton
 from bertrain.train.lamb import Lamb, own_kernel
 from bertrain.train.optim import build_optimizer, optimizer_groups, parameter_groups, row_blocks_of
-from tests.helpers import assert_rounding_close, run_interpreted_tests
+from tests.helpers import assert_rounding_close, assert_same_weights, run_interpreted_tests
 from tests.reference_lamb import ReferenceLamb
 
 
@@ -272,6 +272,26 @@ def test_row_blocks_skip_a_non_finite_step_and_follow_a_swapped_storage(native):
     run_steps([(model, optimizer)], steps=1, seed=2)
     assert not torch.equal(qkv.detach(), before[0][next(k for k, v in model.named_parameters() if v is qkv)])
     assert torch.equal(optimizer.state[qkv]["step"], torch.full((3,), 3.0))
+
+
+def test_a_loaded_state_replaces_the_one_lamb_stepped_with(native):
+    """Lamb keeps each parameter list's states and row-block views between steps (host time); a load_state_dict
+    into an optimizer that has stepped must end them: the next step is a fresh optimizer's from that state."""
+    model = tiny_model("bert")
+    optimizer = Lamb(groups_of(model), lr=1e-2, native=native, row_blocks=row_blocks_of(model))
+    run_steps([(model, optimizer)], steps=2)
+    saved = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    run_steps([(model, optimizer)], steps=2, seed=2)  # on with the kept plan
+    model.load_state_dict(saved[0])  # in place: the parameters keep their storage
+    optimizer.load_state_dict(copy.deepcopy(saved[1]))
+    fresh_model = tiny_model("bert")
+    fresh_model.load_state_dict(saved[0])
+    fresh = Lamb(groups_of(fresh_model), lr=1e-2, native=native, row_blocks=row_blocks_of(fresh_model))
+    fresh.load_state_dict(copy.deepcopy(saved[1]))
+    run_steps([(model, optimizer), (fresh_model, fresh)], steps=1, seed=3)
+    assert_same_weights(model.state_dict(), fresh_model.state_dict())
+    for (index, entry), other in zip(optimizer.state_dict()["state"].items(), fresh.state_dict()["state"].values()):
+        assert all(torch.equal(value, other[key]) for key, value in entry.items()), index
 
 
 def test_row_blocks_must_cut_a_parameter_into_equal_blocks():

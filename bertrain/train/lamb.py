@@ -4,9 +4,13 @@ fused Adam on a scratch U = weight_decay * w (lr = -1) gives LAMB's update in on
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from bertrain.train import lamb_native, lamb_triton
+
+KEPT_PLANS = 16  # parameter lists whose plan Lamb keeps (one a group and device; more after swapped storages)
 
 
 class Lamb(torch.optim.Optimizer):
@@ -27,11 +31,11 @@ class Lamb(torch.optim.Optimizer):
             if param.dim() == 0 or param.shape[0] % count:
                 raise ValueError(f"A parameter of shape {tuple(param.shape)} has no {count} row blocks of one size.")
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}
-        self._block_views: dict[torch.Tensor, tuple] = {}
+        self._plans: dict[tuple[int, ...], _Plan] = {}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict) -> None:  # load_state_dict too: the plans' state tensors are replaced
         super().__setstate__(state)
-        self._scratch, self._block_views = {}, {}
+        self._scratch, self._plans = {}, {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -52,19 +56,16 @@ class Lamb(torch.optim.Optimizer):
         """One LAMB update of `params` (one device) with `group`'s settings; none where `found_inf` is 1."""
         if any(p.grad.is_sparse for p in params):
             raise RuntimeError("Lamb does not support sparse gradients.")
-        states = [self._state(p) for p in params]
+        plan = self._plan(params, group)
         whole = params
         grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
-        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        steps = [s["step"] for s in states]
-        blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
-        if blocked:  # from here a row-blocked parameter is its blocks (views, updated in place), a step count each
-            params, grads, exp_avgs, exp_avg_sqs, steps = self._as_blocks(blocked, params, grads, exp_avgs,
-                                                                          exp_avg_sqs, steps)
+        if plan.blocked:  # a row-blocked parameter is its blocks (views, updated in place), a step count each
+            grads = _spliced(grads, plan.blocked, [grads[i].chunk(n) for i, n in zip(plan.blocked, plan.counts)])
+        params, exp_avgs, exp_avg_sqs, steps = plan.params, plan.exp_avgs, plan.exp_avg_sqs, plan.steps
         adapt = group.get("layer_adaptation", True)
-        kernel = own_kernel(params, grads, exp_avgs, exp_avg_sqs, steps) if self.native and adapt else None
+        kernel = plan.kernel if plan.kernel is not None and plan.kernel.eligible(grads) else None
         counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
         if not counts_steps:
             torch._foreach_add_(steps, 1)
@@ -80,8 +81,8 @@ class Lamb(torch.optim.Optimizer):
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
         updates = [self._scratch_for(p) for p in whole]
-        if blocked:
-            updates = _spliced(updates, blocked, [updates[i].chunk(self.row_blocks[whole[i]]) for i in blocked])
+        if plan.blocked:
+            updates = _spliced(updates, plan.blocked, [updates[i].chunk(n) for i, n in zip(plan.blocked, plan.counts)])
         start_with_weight_decay(updates, params, group["weight_decay"])
         if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"],
                                   found_inf):
@@ -107,23 +108,29 @@ class Lamb(torch.optim.Optimizer):
             if adapt is not None:
                 group["layer_adaptation"] = adapt
 
-    def _as_blocks(self, blocked: list[int], *lists: list) -> tuple[list, ...]:
-        """The lists (params, grads, exp_avgs, exp_avg_sqs, steps) with the parameters at `blocked` as their row
-        blocks. The views of a parameter and its state are made once (per storage: a swapped .data makes them
-        anew): each view costs host time, which the GPU step is bound by; a gradient's are made each step."""
-        params, grads, exp_avgs, exp_avg_sqs, steps = lists
-        pieces: list[list] = [[] for _ in lists]
-        for i in blocked:
-            param, count = params[i], self.row_blocks[params[i]]
-            own = (param, exp_avgs[i], exp_avg_sqs[i], steps[i])
-            key = tuple(t.data_ptr() for t in own)
-            cached = self._block_views.get(param)
-            if cached is None or cached[0] != key:
-                cached = self._block_views[param] = (key, own[0].chunk(count), own[1].chunk(count),
-                                                     own[2].chunk(count), own[3].unbind(0))
-            for piece, views in zip(pieces, (cached[1], grads[i].chunk(count), *cached[2:])):
-                piece.append(views)
-        return tuple(_spliced(listed, blocked, piece) for listed, piece in zip(lists, pieces))
+    def _plan(self, params: list[torch.Tensor], group: dict) -> _Plan:
+        """What _update takes of `params` besides their gradients: their states (created on first use), row-blocked
+        parameters as their blocks, the kernel their tensors allow. Made once per list of parameters (a swapped
+        .data makes it anew): each state lookup and view costs host time, which the GPU step is bound by."""
+        key = tuple(p.data_ptr() for p in params)
+        plan = self._plans.get(key)
+        if plan is None:
+            states = [self._state(p) for p in params]
+            lists = (list(params), [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                     [s["step"] for s in states])
+            blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
+            counts = [self.row_blocks[params[i]] for i in blocked]
+            if blocked:
+                pieces = [[t.chunk(n) for t in (lists[0][i], lists[1][i], lists[2][i])] + [lists[3][i].unbind(0)]
+                          for i, n in zip(blocked, counts)]
+                lists = tuple(_spliced(listed, blocked, [piece[k] for piece in pieces])
+                              for k, listed in enumerate(lists))
+            adapt = group.get("layer_adaptation", True)
+            if len(self._plans) >= KEPT_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = _Plan(*lists, blocked, counts, own_kernel(*lists) if self.native and adapt
+                                            else None)
+        return plan
 
     def _state(self, param: torch.Tensor) -> dict:
         """The parameter's step / exp_avg / exp_avg_sq, created on first use; `step` lives on the parameter's
@@ -148,6 +155,18 @@ class Lamb(torch.optim.Optimizer):
             buffer = self._scratch[param] = torch.empty_like(param, dtype=torch.float32,
                                                              memory_format=torch.contiguous_format)
         return buffer
+
+
+class _Plan(NamedTuple):
+    """Lamb._plan's lists (blocks spliced in), the blocked parameters' indices and block counts, and the kernel."""
+
+    params: list
+    exp_avgs: list
+    exp_avg_sqs: list
+    steps: list
+    blocked: list[int]
+    counts: list[int]
+    kernel: object
 
 
 def _spliced(tensors: list, at: list[int], pieces: list) -> list:
