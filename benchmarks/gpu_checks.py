@@ -182,6 +182,7 @@ def optimizer_case(args) -> dict:
     from bertrain.model import build_model
     from bertrain.train.lamb import Lamb, own_kernel
     from bertrain.train.optim import lamb_groups, optimizer_groups, row_blocks_of
+    from bertrain.train.step import clip_scale
 
     device = torch.device(args.device)
     model = build_model(load_config(args.config, ["model.vocab_size=30522"]).model).to(device)
@@ -203,8 +204,8 @@ def optimizer_case(args) -> dict:
     params, adamw = list(model.parameters()), optimizers["fused AdamW"]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     steps["AdamW, clipped in place"] = lambda: (torch.nn.utils.clip_grads_with_norm_(params, 1e9, norm), adamw.step())
-    steps["AdamW, clipped as grad_scale"] = lambda: (setattr(adamw, "grad_scale", torch.ones((), device=device)),
-                                                     adamw.step(), delattr(adamw, "grad_scale"))
+    steps["AdamW, clipped as grad_scale"] = lambda: (setattr(adamw, "grad_scale", clip_scale(norm, 1e9)), adamw.step(),
+                                                     delattr(adamw, "grad_scale"))
     medians = time_alternating(steps, args.rounds, args.repeats, device)
     return dict(config=args.config, parameters=sum(p.numel() for p in model.parameters()), device=str(device),
                 kernel=kernel.__name__.rsplit(".", 1)[-1] if kernel else "torch ops", kernel_vs_torch_ops=difference,
