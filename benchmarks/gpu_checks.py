@@ -200,19 +200,24 @@ def optimizer_case(args) -> dict:
         optimizer.found_inf = found_inf
     steps = {name: o.step for name, o in optimizers.items()}
     # Clipping (max norm above the gradients' norm: a factor of 1, the weights' path unchanged) in place, as torch's
-    # clip_grad_norm_, then the step; or as fused AdamW's grad_scale, as train/step.py's optimizer_step clips.
-    params, adamw = list(model.parameters()), optimizers["fused AdamW"]
+    # clip_grad_norm_, then the step; or as the step's grad_scale, as train/step.py's optimizer_step clips.
+    params = list(model.parameters())
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    steps["AdamW, clipped in place"] = lambda: (torch.nn.utils.clip_grads_with_norm_(params, 1e9, norm), adamw.step())
-    steps["AdamW, clipped as grad_scale"] = lambda: (setattr(adamw, "grad_scale", clip_scale(norm, 1e9)), adamw.step(),
-                                                     delattr(adamw, "grad_scale"))
+    for name in ("fused AdamW", "LAMB"):
+        optimizer = optimizers[name]
+        steps[f"{name}, clipped in place"] = lambda o=optimizer: (
+            torch.nn.utils.clip_grads_with_norm_(params, 1e9, norm), o.step())
+        steps[f"{name}, clipped as grad_scale"] = lambda o=optimizer: (
+            setattr(o, "grad_scale", clip_scale(norm, 1e9)), o.step(), delattr(o, "grad_scale"))
     medians = time_alternating(steps, args.rounds, args.repeats, device)
     return dict(config=args.config, parameters=sum(p.numel() for p in model.parameters()), device=str(device),
                 kernel=kernel.__name__.rsplit(".", 1)[-1] if kernel else "torch ops", kernel_vs_torch_ops=difference,
                 adamw_ms=1e3 * medians["fused AdamW"], lamb_ms=1e3 * medians["LAMB"],
                 lamb_torch_ops_ms=1e3 * medians["LAMB, torch ops"], ratio=medians["LAMB"] / medians["fused AdamW"],
-                clip_in_place_ms=1e3 * medians["AdamW, clipped in place"],
-                clip_scale_ms=1e3 * medians["AdamW, clipped as grad_scale"],
+                clip_in_place_ms=1e3 * medians["fused AdamW, clipped in place"],
+                clip_scale_ms=1e3 * medians["fused AdamW, clipped as grad_scale"],
+                lamb_clip_in_place_ms=1e3 * medians["LAMB, clipped in place"],
+                lamb_clip_scale_ms=1e3 * medians["LAMB, clipped as grad_scale"],
                 adamw_host_ms=host_ms(optimizers["fused AdamW"].step, device),
                 lamb_host_ms=host_ms(optimizers["LAMB"].step, device))
 

@@ -184,21 +184,21 @@ def part3(state, commands, results) -> list[str]:
 
 
 def part4(state, commands, results) -> list[str]:
+    pair = lambda r, a, b: f"{fmt(r.get(a), '.2f')} / {fmt(r.get(b), '.2f')}"  # noqa: E731
     body = [[r.get("config"), fmt(r.get("parameters") and r["parameters"] / 1e6, ".1f", "M"), r.get("kernel"),
              fmt(r.get("kernel_vs_torch_ops"), ".1e"), fmt(r.get("adamw_ms"), ".2f"), fmt(r.get("lamb_ms"), ".2f"),
              fmt(r.get("lamb_torch_ops_ms"), ".2f"), fmt(r.get("ratio"), ".2f", "x"),
-             f"{fmt(r.get('adamw_host_ms'), '.2f')} / {fmt(r.get('lamb_host_ms'), '.2f')}",
-             f"{fmt(r.get('clip_in_place_ms'), '.2f')} / {fmt(r.get('clip_scale_ms'), '.2f')}"]
-            for r in results.get("4", [])]
+             pair(r, "adamw_host_ms", "lamb_host_ms"), f"{pair(r, 'clip_in_place_ms', 'clip_scale_ms')}; "
+             f"{pair(r, 'lamb_clip_in_place_ms', 'lamb_clip_scale_ms')}"] for r in results.get("4", [])]
     return ["Optimizer step alone, random gradients, `found_inf` set as the loop sets it; medians of alternated "
             "rounds. kernel vs torch ops: the largest weight difference between LAMB's kernel and LAMB's torch ops "
             "after 3 steps from the same weights and gradients, over the largest weight change (float32 rounding: "
             "below 1e-4). host ms: the host's time per step without waiting for the device (near the step's time: "
-            "the step is launch-bound). AdamW clipped: fused AdamW with gradient clipping, in place as torch's "
+            "the step is launch-bound). clipped: the step with gradient clipping, in place as torch's "
             "clip_grad_norm_ then the step, or as the step's grad_scale (as train/step.py clips).", ""] + table(
         ["parameters of", "count", "LAMB kernel", "kernel vs torch ops", "fused AdamW ms", "LAMB ms",
-         "LAMB torch ops ms", "LAMB / AdamW", "host ms: AdamW / LAMB", "AdamW clipped ms: in place / grad_scale"],
-        body) + lamb_kernels(results)
+         "LAMB torch ops ms", "LAMB / AdamW", "host ms: AdamW / LAMB",
+         "clipped ms, in place / grad_scale: AdamW; LAMB"], body) + lamb_kernels(results)
 
 
 def lamb_kernels(results) -> list[str]:

@@ -164,7 +164,7 @@ def fake_gpu_results(runs: list[dict]) -> dict:
     eager = [r for r in pretrain if "compile" not in r["label"]]
     return {"1": step, "1-triton": triton, "2": eager, "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17,
-                       clip_in_place_ms=3.5, clip_scale_ms=3.1)],
+                       clip_in_place_ms=3.5, clip_scale_ms=3.1, lamb_clip_in_place_ms=4.0, lamb_clip_scale_ms=3.6)],
             # the best configuration measured with the host ahead: 1.12x (the 1.05x one was host-bound)
             "4-kernels": [dict(config=name, parameters_of="bert_base", device_ms=ratio, device_ratio=ratio, wall_ms=1.5,
                                wall_ratio=1.5, vs_default=0.0, host_ahead=ahead, **same)
@@ -215,7 +215,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     lamb = {row[0]: row[1:] for row in table_rows(report, "## 8.")}
     assert lamb["LAMB <= 1.3x fused AdamW, device time (host ahead), best kernel configuration"] == [
         "1.12x (pipelined 4096x8, 8 MB groups)", "met"]
-    assert table_rows(report, "## 4.")[0][-1] == "3.50 / 3.10"  # fused AdamW clipped: in place / as grad_scale
+    assert table_rows(report, "## 4.")[0][-1] == "3.50 / 3.10; 4.00 / 3.60"  # clipped in place / as grad_scale
     kernels = table_rows(report, "**LAMB's kernel configurations**")
     assert [(row[0], row[6], row[7]) for row in kernels] == [("two_pass 4096x8", "", "yes"), (
         "pipelined 4096x8, 8 MB groups", "bitwise", "yes"), ("pipelined 2048x8, 4 MB groups", "**differ**",
@@ -291,7 +291,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert figures["5-step"][0]["compiled"] and figures["5-step"][0]["ours"] > 0 < figures["5-step"][0]["compile_s"]
     assert [(r["first_step"], r["later_steps"]) for r in figures["3"]] == [(0, 0)] * 4
     assert figures["4"][0]["ratio"] > 0 and figures["4"][0]["lamb_host_ms"] > 0
-    assert figures["4"][0]["clip_in_place_ms"] > 0 < figures["4"][0]["clip_scale_ms"]
+    assert all(figures["4"][0][key] > 0 for key in ("clip_in_place_ms", "clip_scale_ms", "lamb_clip_in_place_ms",
+                                                     "lamb_clip_scale_ms"))
     assert figures["4"][0]["kernel_vs_torch_ops"] < 1e-4  # LAMB's kernel (the C one here) agrees with its torch ops
     kernels = figures.get("4-kernels", [])  # the default and the pipelined schedule at the same block: bitwise
     assert [(r["schedule"], r["vs_default"], r.get("same_as_two_pass")) for r in kernels] == \

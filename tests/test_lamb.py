@@ -294,6 +294,39 @@ def test_a_loaded_state_replaces_the_one_lamb_stepped_with(native):
         assert all(torch.equal(value, other[key]) for key, value in entry.items()), index
 
 
+def scaled_against_divided(native: bool = True, scale: float = 3.0, steps: int = 2):
+    """Two LAMBs (row blocks on) from the same weights: one given gradients g and grad_scale `scale` (clipping, as
+    train/step.py gives it), one g / scale divided by torch beforehand. Returns both (model, optimizer) pairs."""
+    pairs = []
+    for _ in range(2):
+        model = tiny_model("bert")
+        pairs.append((model, Lamb(groups_of(model), lr=1e-2, native=native, row_blocks=row_blocks_of(model))))
+    pairs[0][1].grad_scale = torch.tensor(scale)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        grads = {name: torch.randn(p.shape, generator=generator) * 0.1 for name, p in pairs[0][0].named_parameters()}
+        for (model, optimizer), divide in zip(pairs, (False, True)):
+            for name, param in model.named_parameters():
+                param.grad = torch.div(grads[name], torch.tensor(scale)) if divide else grads[name].clone()
+            optimizer.step()
+    return pairs
+
+
+def assert_same_lamb(pairs) -> None:
+    """The two LAMBs' weights and states, bitwise."""
+    (model_a, optimizer_a), (model_b, optimizer_b) = pairs
+    assert_same_weights(model_a.state_dict(), model_b.state_dict())
+    for (index, entry), other in zip(optimizer_a.state_dict()["state"].items(),
+                                     optimizer_b.state_dict()["state"].values()):
+        assert all(torch.equal(value, other[key]) for key, value in entry.items()), index
+
+
+def test_grad_scale_divides_each_gradient_as_dividing_them_first(native):
+    """Clipping through grad_scale (no pass over the gradients of its own) is the step on the divided gradients,
+    bitwise: the kernels divide as torch does (x / 3 rounds otherwise than x * (1 / 3))."""
+    assert_same_lamb(scaled_against_divided(native))
+
+
 def test_row_blocks_must_cut_a_parameter_into_equal_blocks():
     with pytest.raises(ValueError, match=r"shape \(4, 2\) has no 3 row blocks"):
         weight = torch.nn.Parameter(torch.zeros(4, 2))
@@ -336,7 +369,7 @@ def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     """The tests below, in a process where Triton's interpreter runs the GPU kernel on the CPU (it must be chosen
     before Triton is imported)."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
-    run_interpreted_tests(__file__, passed=6)
+    run_interpreted_tests(__file__, passed=8)
 
 
 def small_triton_blocks(monkeypatch) -> None:
@@ -356,6 +389,16 @@ def test_interpreted_triton_kernel_equals_per_parameter_lamb(kind, monkeypatch):
     optimizer = Lamb(groups_of(model), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
     run_steps([(reference_model, reference), (model, optimizer)], steps=5, skip="mlm_head.dense.bias")
     assert_same(reference_model, model, reference, optimizer, steps=5)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
+@pytest.mark.parametrize("schedule", lamb_triton.SCHEDULES)
+def test_interpreted_triton_kernel_divides_by_grad_scale_as_dividing_first(schedule, monkeypatch):
+    small_triton_blocks(monkeypatch)
+    monkeypatch.setattr(lamb_triton, "SCHEDULE", schedule)
+    pairs = scaled_against_divided()
+    assert own_kernel(list(pairs[0][0].parameters())) is lamb_triton
+    assert_same_lamb(pairs)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="run by test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb")
@@ -474,14 +517,15 @@ def test_lamb_kernels_compile_for_the_gpus_they_serve():
     blocks = dict(BLOCK=lamb_triton.BLOCK, RATIO_BLOCK=lamb_triton.RATIO_BLOCK)
     signatures = {
         "_moments_and_squares": "addresses:I chunk_tensor:I chunk_start:I numels:I corrections:P found_inf:P "
-                                "partials:P one_minus_beta1:F beta2:F one_minus_beta2:F eps:F weight_decay:F BLOCK:C",
+                                "grad_scale:P partials:P one_minus_beta1:F beta2:F one_minus_beta2:F eps:F "
+                                "weight_decay:F BLOCK:C",
         "_count_steps": "addresses:I betas:D found_inf:P corrections:P",
         "_trust_ratios": "partials:P first_chunk:I chunk_count:I scales:P lr:F RATIO_BLOCK:C",
         "_apply": "addresses:I chunk_tensor:I chunk_start:I numels:I corrections:P found_inf:P scales:P eps:F "
                   "weight_decay:F BLOCK:C",
         "_pipelined": "addresses:I items:I item_blocks:I item_count:N chunk_tensor:I chunk_start:I numels:I "
                       "first_chunk:I chunk_count:I tensor_group:I group_tensors:I counters:Q tensor_count:N "
-                      "corrections:P found_inf:P partials:P scales:P lr:F one_minus_beta1:F beta2:F "
+                      "corrections:P found_inf:P grad_scale:P partials:P scales:P lr:F one_minus_beta1:F beta2:F "
                       "one_minus_beta2:F eps:F weight_decay:F BLOCK:C RATIO_BLOCK:C"}
     kinds = dict(P=pointer, I=index, F=number, D="*fp64", N="i32", Q="*i32", C="constexpr")
     for arch in (80, 90):

@@ -290,11 +290,31 @@ def test_clipping_is_fused_adamws_grad_scale_and_matches_torchs_clip_grad_norm(m
             assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("optimizer_of", [_unfused, lambda m: build_optimizer(m, OptimConfig(name="lamb", lr=1e-2))],
-                         ids=["foreach-adamw", "lamb"])
-def test_clipping_for_other_optimizers_scales_the_gradients_in_place_as_torch_does(optimizer_of):
-    model, norms, _ = _clipped_steps(optimizer_of, 1.0)
-    reference, reference_norms = _torch_clipped_steps(optimizer_of, 1.0)
+def test_clipping_for_other_optimizers_scales_the_gradients_in_place_as_torch_does():
+    model, norms, _ = _clipped_steps(_unfused, 1.0)
+    reference, reference_norms = _torch_clipped_steps(_unfused, 1.0)
     assert all(float(n) > 1.0 for n in norms)  # every step clipped
     for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["kernel", "torch ops"])
+def test_lamb_clips_through_its_grad_scale_as_torchs_clip_grad_norm(native):
+    """LAMB takes the clipping as grad_scale too (its kernels divide as they read; tests/test_lamb.py checks them
+    bitwise against divided gradients): torch's clip_grad_norm_ then LAMB, within rounding; no op but the fused
+    Adam kernels reads a gradient (LAMB's own kernel is no torch op)."""
+    def optimizer_of(model):
+        optimizer = build_optimizer(model, OptimConfig(name="lamb", lr=1e-2))
+        optimizer.native = native
+        return optimizer
+
+    model, norms, ops = _clipped_steps(optimizer_of, 1.0)
+    reference, _ = _torch_clipped_steps(optimizer_of, 1.0)
+    assert all(float(n) > 1.0 for n in norms)  # every step clipped
+    for step_ops, norm in zip(ops, norms):
+        reading = {name for name, _, reads_grads in step_ops if reads_grads}
+        assert reading <= {"_fused_adam_", "_fused_adamw_", "split"}, reading  # split: row blocks' views, no pass
+        scales = [kwargs["grad_scale"] for name, kwargs, _ in step_ops if name in ("_fused_adam_", "_fused_adamw_")]
+        assert scales and all(float(s) == float((norm + 1e-6) / 1.0) for s in scales), scales
+    for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
+        assert_rounding_close(a, b, a.numel(), steps=3, name=name)  # a norm over the tensor: K its elements

@@ -15,10 +15,11 @@ KEPT_PLANS = 16  # parameter lists whose plan Lamb keeps (one a group and device
 
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al., 2019): Adam's update + weight_decay * w, rescaled by ||w|| / ||update|| (1 when a norm
-    is 0; 1 in a group with `layer_adaptation: False`). Like fused AdamW it takes a `found_inf` device scalar: a
-    non-finite step then changes nothing."""
+    is 0; 1 in a group with `layer_adaptation: False`). Like fused AdamW it takes a `found_inf` device scalar (a
+    non-finite step then changes nothing) and a `grad_scale` one that divides each gradient (clipping)."""
 
     accepts_found_inf = True  # train/step.py's optimizer_step sets `found_inf` instead of reading the flag
+    accepts_grad_scale = True  # ... and clips through `grad_scale`, not in place
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, native: bool = True, row_blocks: dict | None = None) -> None:
@@ -49,11 +50,13 @@ class Lamb(torch.optim.Optimizer):
                 if param.grad is not None:
                     by_device.setdefault(param.device, []).append(param)
             for params in by_device.values():
-                self._update(params, group, getattr(self, "found_inf", None))
+                self._update(params, group, getattr(self, "found_inf", None), getattr(self, "grad_scale", None))
         return loss
 
-    def _update(self, params: list[torch.Tensor], group: dict, found_inf: torch.Tensor | None) -> None:
-        """One LAMB update of `params` (one device) with `group`'s settings; none where `found_inf` is 1."""
+    def _update(self, params: list[torch.Tensor], group: dict, found_inf: torch.Tensor | None,
+                grad_scale: torch.Tensor | None) -> None:
+        """One LAMB update of `params` (one device) with `group`'s settings, of their gradients divided by
+        `grad_scale` where given; none where `found_inf` is 1."""
         if any(p.grad.is_sparse for p in params):
             raise RuntimeError("Lamb does not support sparse gradients.")
         plan = self._plan(params, group)
@@ -61,6 +64,8 @@ class Lamb(torch.optim.Optimizer):
         grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
         if found_inf is not None:
             found_inf = found_inf.to(params[0].device, torch.float32)
+        if grad_scale is not None:
+            grad_scale = grad_scale.to(params[0].device, torch.float32)
         if plan.blocked:  # a row-blocked parameter is its blocks (views, updated in place), a step count each
             grads = _spliced(grads, plan.blocked, [grads[i].chunk(n) for i, n in zip(plan.blocked, plan.counts)])
         params, exp_avgs, exp_avg_sqs, steps = plan.params, plan.exp_avgs, plan.exp_avg_sqs, plan.steps
@@ -71,11 +76,11 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_add_(steps, 1)
         if kernel is not None:
             kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
-                               group["eps"], group["weight_decay"], found_inf)
+                               group["eps"], group["weight_decay"], found_inf, grad_scale)
             fused = True
         else:  # no trust ratio: torch's fused AdamW kernel where the device has one
             fused = not adapt and self.native and adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, group,
-                                                              found_inf)
+                                                              found_inf, grad_scale)
         if fused:
             if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
@@ -85,7 +90,7 @@ class Lamb(torch.optim.Optimizer):
             updates = _spliced(updates, plan.blocked, [updates[i].chunk(n) for i, n in zip(plan.blocked, plan.counts)])
         start_with_weight_decay(updates, params, group["weight_decay"])
         if not add_adam_direction(updates, grads, exp_avgs, exp_avg_sqs, steps, *group["betas"], group["eps"],
-                                  found_inf):
+                                  found_inf, grad_scale):
             torch._foreach_sub_(steps, 1)  # skipped (the foreach path read found_inf)
             return
         if adapt:
@@ -192,13 +197,13 @@ def own_kernel(*tensor_lists: list[torch.Tensor]):
 
 
 def adamw_step(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, group: dict,
-               found_inf: torch.Tensor | None) -> bool:
+               found_inf: torch.Tensor | None, grad_scale: torch.Tensor | None = None) -> bool:
     """A group without layer adaptation: Adam's step plus decoupled weight decay, which is LAMB's update with a
     trust ratio of 1, by torch's fused AdamW kernel (steps already counted). False where the device has none."""
     try:
         torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=group["lr"], beta1=group["betas"][0],
                             beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
-                            amsgrad=False, maximize=False, found_inf=found_inf)
+                            amsgrad=False, maximize=False, grad_scale=grad_scale, found_inf=found_inf)
     except (NotImplementedError, RuntimeError):
         return False
     return True
@@ -217,15 +222,20 @@ def start_with_weight_decay(updates: list[torch.Tensor], params: list[torch.Tens
 
 
 def add_adam_direction(updates: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list,
-                       beta1: float, beta2: float, eps: float, found_inf: torch.Tensor | None = None) -> bool:
-    """Update the Adam moments in place and add m̂ / (sqrt(v̂) + eps) to `updates` (steps already counted);
-    where `found_inf` is 1 the fused kernel changes nothing. False: skipped by the foreach fallback."""
+                       beta1: float, beta2: float, eps: float, found_inf: torch.Tensor | None = None,
+                       grad_scale: torch.Tensor | None = None) -> bool:
+    """Update the Adam moments in place (from the gradients divided by `grad_scale` where given) and add
+    m̂ / (sqrt(v̂) + eps) to `updates` (steps already counted); where `found_inf` is 1 the fused kernel changes
+    nothing. False: skipped by the foreach fallback."""
     try:  # lr = -1 turns the kernel's `w -= lr * direction` into `U += direction`
         torch._fused_adam_(updates, grads, exp_avgs, exp_avg_sqs, [], steps, lr=-1.0, beta1=beta1, beta2=beta2,
-                           weight_decay=0.0, eps=eps, amsgrad=False, maximize=False, found_inf=found_inf)
+                           weight_decay=0.0, eps=eps, amsgrad=False, maximize=False, grad_scale=grad_scale,
+                           found_inf=found_inf)
     except (NotImplementedError, RuntimeError):  # a device without the fused kernel: same maths, foreach ops
         if found_inf is not None and bool(found_inf):  # one host read, on such devices only
             return False
+        if grad_scale is not None:
+            grads = torch._foreach_div(grads, grad_scale)
         add_adam_direction_foreach(updates, grads, exp_avgs, exp_avg_sqs, steps, beta1, beta2, eps)
     return True
 

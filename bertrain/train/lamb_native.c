@@ -6,7 +6,8 @@
  * list of segments (tensor, first element, end) so that Python can give each thread an equal share; the
  * squares of a segment are summed in float per 2048 elements (vectorized) and in double across blocks,
  * into sums[2 * tensor] of the calling thread's own array. Where *found_inf is non-zero neither pass
- * changes anything (the step counts are restored by the caller). Same update as train/lamb.py.
+ * changes anything (the step counts are restored by the caller). Each gradient is divided by *grad_scale
+ * where given (clipping, as fused AdamW's grad_scale: no pass of its own). Same update as train/lamb.py.
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,8 +22,10 @@ static void bias_corrections(float step, double beta1, double beta2, float *step
 void lamb_moments_and_squares(int64_t count, const int64_t *tensor, const int64_t *first, const int64_t *end,
                               float *const *grad, float *const *exp_avg, float *const *exp_avg_sq,
                               float *const *param, float *const *step, double beta1, double beta2, double eps,
-                              double weight_decay, const float *found_inf, double *sums) {
+                              double weight_decay, const float *found_inf, const float *grad_scale,
+                              double *sums) {
     if (found_inf && *found_inf != 0.0f) return;
+    const float scale = grad_scale ? *grad_scale : 1.0f;  /* x / 1 is x: unclipped steps as before */
     const float b1 = (float)beta1, b2 = (float)beta2, one_minus_b1 = (float)(1.0 - beta1);
     const float one_minus_b2 = (float)(1.0 - beta2), e = (float)eps, wd = (float)weight_decay;
     for (int64_t k = 0; k < count; k++) {
@@ -37,8 +40,9 @@ void lamb_moments_and_squares(int64_t count, const int64_t *tensor, const int64_
             float ww = 0.0f, uu = 0.0f;
 #pragma omp simd reduction(+ : ww, uu)
             for (int64_t i = block; i < stop; i++) {
-                const float mi = m[i] + one_minus_b1 * (g[i] - m[i]);
-                const float vi = b2 * v[i] + one_minus_b2 * g[i] * g[i];
+                const float gi = g[i] / scale;
+                const float mi = m[i] + one_minus_b1 * (gi - m[i]);
+                const float vi = b2 * v[i] + one_minus_b2 * gi * gi;
                 m[i] = mi;
                 v[i] = vi;
                 const float u = mi * step_size / (sqrtf(vi) * inverse_bc2_sqrt + e) + wd * w[i];

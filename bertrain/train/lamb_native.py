@@ -48,8 +48,10 @@ def eligible(tensors: list[torch.Tensor]) -> bool:
 
 
 def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
-                beta1: float, beta2: float, eps: float, weight_decay: float, found_inf: torch.Tensor | None) -> None:
-    """One LAMB update with the kernel (steps already counted); nothing changes where `found_inf` is 1."""
+                beta1: float, beta2: float, eps: float, weight_decay: float, found_inf: torch.Tensor | None,
+                grad_scale: torch.Tensor | None = None) -> None:
+    """One LAMB update with the kernel (steps already counted); nothing changes where `found_inf` is 1; each
+    gradient divided by `grad_scale` (float32 scalar) where given."""
     kernel = library()
     sizes = [p.numel() for p in params]
     threads = max(1, min(torch.get_num_threads(), sum(sizes) // MIN_ELEMENTS_PER_THREAD))
@@ -57,9 +59,11 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     tables = [_address_table(tensors) for tensors in (grads, exp_avgs, exp_avg_sqs, params, steps)]
     grad, exp_avg, exp_avg_sq, param, step = (table.data_ptr() for table in tables)
     inf = None if found_inf is None else found_inf.data_ptr()
+    scale = None if grad_scale is None else grad_scale.data_ptr()
     sums = torch.zeros(threads, len(params), 2, dtype=torch.float64)  # per thread: ||w||^2, ||update||^2
     _run_in_threads([(kernel.lamb_moments_and_squares, *_segments(share), grad, exp_avg, exp_avg_sq, param, step,
-                      beta1, beta2, eps, weight_decay, inf, sums[i].data_ptr()) for i, share in enumerate(shares)])
+                      beta1, beta2, eps, weight_decay, inf, scale, sums[i].data_ptr())
+                     for i, share in enumerate(shares)])
     total = sums.sum(0)
     _run_in_threads([(kernel.lamb_apply, *_segments(share), exp_avg, exp_avg_sq, param, step,
                       beta1, beta2, eps, weight_decay, lr, inf, total.data_ptr()) for share in shares])
@@ -164,7 +168,7 @@ def _compile(compiler: str, flags: list[str], path: Path) -> bool:
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     pointer, integer, real = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     segments = [integer, pointer, pointer, pointer]
-    lib.lamb_moments_and_squares.argtypes = segments + [pointer] * 5 + [real] * 4 + [pointer, pointer]
+    lib.lamb_moments_and_squares.argtypes = segments + [pointer] * 5 + [real] * 4 + [pointer, pointer, pointer]
     lib.lamb_moments_and_squares.restype = None
     lib.lamb_apply.argtypes = segments + [pointer] * 4 + [real] * 5 + [pointer, pointer]
     lib.lamb_apply.restype = None

@@ -73,7 +73,8 @@ def builds(device: torch.device) -> bool:
 
 
 def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
-                beta1: float, beta2: float, eps: float, weight_decay: float, found_inf: torch.Tensor | None) -> None:
+                beta1: float, beta2: float, eps: float, weight_decay: float, found_inf: torch.Tensor | None,
+                grad_scale: torch.Tensor | None = None) -> None:
     """One LAMB update, as lamb_native.lamb_update except that a kernel counts the steps (float32 scalars, where
     found_inf is 0) and computes their bias corrections: no host read of a device value, and none of the host time
     of torch ops over a list of scalars."""
@@ -83,6 +84,8 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
     corrections = torch.empty(len(params), 2, dtype=torch.float32, device=device)
     if found_inf is None:
         found_inf = torch.zeros((), dtype=torch.float32, device=device)
+    if grad_scale is None:  # each gradient as it is (divided by 1)
+        grad_scale = _one(device)
     chunks = chunk_tensor.numel()
     partials = torch.empty(chunks, 2, dtype=torch.float32, device=device)
     scales = torch.empty(len(params), dtype=torch.float32, device=device)
@@ -93,12 +96,12 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
             counters = torch.zeros(1 + len(params) + group_tensors.numel(), dtype=torch.int32, device=device)
             _pipelined[(min(items.numel(), _programs(device)),)](
                 addresses, items, item_blocks, items.numel(), chunk_tensor, chunk_start, numels, first_chunk,
-                chunk_count, tensor_group, group_tensors, counters, len(params), corrections, found_inf, partials,
-                scales, lr, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK, RATIO_BLOCK=RATIO_BLOCK,
-                num_warps=NUM_WARPS)
+                chunk_count, tensor_group, group_tensors, counters, len(params), corrections, found_inf, grad_scale,
+                partials, scales, lr, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK,
+                RATIO_BLOCK=RATIO_BLOCK, num_warps=NUM_WARPS)
             return
         _moments_and_squares[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
-                                        partials, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay,
+                                        grad_scale, partials, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay,
                                         BLOCK=BLOCK, num_warps=NUM_WARPS)
         _trust_ratios[(len(params),)](partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK=RATIO_BLOCK)
         _apply[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps,
@@ -182,6 +185,16 @@ def _addresses(device: torch.device, *tensor_lists: list[torch.Tensor]) -> torch
     return table
 
 
+_ones: dict[torch.device, torch.Tensor] = {}
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    """A float32 1 on the device, made once (the grad_scale of an unclipped step)."""
+    if device not in _ones:
+        _ones[device] = torch.ones((), dtype=torch.float32, device=device)
+    return _ones[device]
+
+
 _betas_on_device: dict[tuple, torch.Tensor] = {}
 
 
@@ -257,14 +270,17 @@ def _update(m, v, w, corrections, tensor, eps, weight_decay):
 
 
 @_jit
-def _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+def _pass_one(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, grad_scale, partials,
               one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
-    """Pass 1 of one block: new moments (kept where found_inf is 0) and the block's sums of w^2 and update^2.
-    Returns the block's tensor."""
+    """Pass 1 of one block: new moments (kept where found_inf is 0) from the gradients divided by grad_scale (the
+    clipping) and the block's sums of w^2 and update^2. Returns the block's tensor."""
     tensor, offsets, inside, keep = _block(chunk, chunk_tensor, chunk_start, numels, found_inf, BLOCK)
     exp_avg, exp_avg_sq, param = _moment_and_param_addresses(addresses, tensor)
     grad = _address(addresses, tensor, 0)
     g = tl.load(grad + offsets, mask=inside, other=0.0, eviction_policy="evict_first")  # not read again
+    scale = tl.load(grad_scale)
+    if scale != 1.0:  # clipped: divided as torch's fused Adam divides (unclipped steps skip the division's work)
+        g = tl.div_rn(g, scale)
     m = tl.load(exp_avg + offsets, mask=inside, other=0.0)
     v = tl.load(exp_avg_sq + offsets, mask=inside, other=0.0)
     w = tl.load(param + offsets, mask=inside, other=0.0)
@@ -316,11 +332,11 @@ def _pass_two(chunk, addresses, chunk_tensor, chunk_start, numels, corrections, 
 
 
 @_jit
-def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
+def _moments_and_squares(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, grad_scale, partials,
                          one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr):
     """Pass 1, one program per block."""
-    _pass_one(tl.program_id(0), addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, partials,
-              one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
+    _pass_one(tl.program_id(0), addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, grad_scale,
+              partials, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
 
 
 @_jit
@@ -339,8 +355,8 @@ def _apply(addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
 
 @_jit
 def _pipelined(addresses, items, item_blocks, item_count, chunk_tensor, chunk_start, numels, first_chunk,
-               chunk_count, tensor_group, group_tensors, counters, tensor_count, corrections, found_inf, partials,
-               scales, lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr,
+               chunk_count, tensor_group, group_tensors, counters, tensor_count, corrections, found_inf, grad_scale,
+               partials, scales, lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK: tl.constexpr,
                RATIO_BLOCK: tl.constexpr):
     """Both passes in one launch: each program takes the schedule's next item (a few blocks' pass 1 or pass 2)
     until none is left. A tensor's last pass-1 item computes its scale; a pass-2 item waits until every tensor
@@ -359,7 +375,7 @@ def _pipelined(addresses, items, item_blocks, item_count, chunk_tensor, chunk_st
         if code % 2 == 0:
             while block < count:
                 _pass_one(first + block, addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
-                          partials, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
+                          grad_scale, partials, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, BLOCK)
                 block += 1
             tl.debug_barrier()  # every thread's stores before the count that publishes them
             if tl.atomic_add(chunks_done + tensor, count, sem="acq_rel") == tl.load(chunk_count + tensor) - count:

@@ -181,10 +181,12 @@ def too_many_bad_steps(step: int, bad_steps: int, last_checkpoint) -> TrainingDi
 
 
 def takes_grad_scale(optimizer) -> bool:
-    """Whether `optimizer` (or the one in Accelerate's wrapper) is torch's fused Adam/AdamW: it divides each gradient
-    by its `grad_scale` and skips the update where `found_inf` is 1, as it reads them (device scalars, no host read)."""
+    """Whether `optimizer` (or the one in Accelerate's wrapper) is torch's fused Adam/AdamW or our LAMB: it divides
+    each gradient by its `grad_scale` and skips the update where `found_inf` is 1, as it reads them (device scalars,
+    no host read)."""
     inner = getattr(optimizer, "optimizer", optimizer)
-    return bool(getattr(inner, "_step_supports_amp_scaling", False) and getattr(inner, "defaults", {}).get("fused"))
+    return bool(getattr(inner, "accepts_grad_scale", False) or (
+        getattr(inner, "_step_supports_amp_scaling", False) and getattr(inner, "defaults", {}).get("fused")))
 
 
 def clip_scale(grad_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -199,15 +201,15 @@ def optimizer_step(optimizer, result: StepResult, loss_scale: LossScale | None) 
     when the optimizer takes `found_inf` (else one sync). Under fp16 the grad scaler skips by itself (`loss_scale`
     reads whether it did). Returns whether the step counts."""
     inner = getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's AcceleratedOptimizer
-    fused_torch, clip_to = takes_grad_scale(inner), result.clip_to
-    if clip_to is not None and not fused_torch:  # scaled in place, as torch's clip_grad_norm_ does
+    scaled, clip_to = takes_grad_scale(inner), result.clip_to
+    if clip_to is not None and not scaled:  # scaled in place, as torch's clip_grad_norm_ does
         params = [p for group in inner.param_groups for p in group["params"] if p.grad is not None]
         torch.nn.utils.clip_grads_with_norm_(params, clip_to, result.grad_norm)
         clip_to = None
     applied = True
     if loss_scale is not None:
         applied = loss_scale.step(optimizer)
-    elif fused_torch or getattr(inner, "accepts_found_inf", False):
+    elif scaled or getattr(inner, "accepts_found_inf", False):
         inner.found_inf = (~result.finite).to(torch.float32)
         if clip_to is not None:
             inner.grad_scale = clip_scale(result.grad_norm, clip_to)
