@@ -224,6 +224,12 @@ class Calls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def set_random_gradients(model: torch.nn.Module, step: int) -> None:
+    """Gradients of norm ~10, the same for every model at the same step."""
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step)) * 10 / 200
+
+
 def _clipped_steps(optimizer_of, max_grad_norm: float, steps: int = 3) -> tuple[torch.nn.Module, list, list]:
     """`steps` steps of a tiny BERT through gradient_norm + optimizer_step, each on gradients of norm ~10: the
     model, the gradient norms, each step's ops in optimizer_step (names and keyword arguments)."""
@@ -232,8 +238,7 @@ def _clipped_steps(optimizer_of, max_grad_norm: float, steps: int = 3) -> tuple[
     optimizer = optimizer_of(model)
     norms, ops = [], []
     for step in range(steps):
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step)) * 10 / 200
+        set_random_gradients(model, step)
         norm, clip_to = gradient_norm(model, OneProcess(), max_grad_norm)
         result = StepResult(0, 0, 0, 0, False, False, False, torch.zeros(4), norm, torch.isfinite(norm), clip_to)
         grads = {p.grad.data_ptr() for p in model.parameters()}
@@ -251,8 +256,7 @@ def _torch_clipped_steps(optimizer_of, max_grad_norm: float, steps: int = 3) -> 
     optimizer = optimizer_of(model)
     norms = []
     for step in range(steps):
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step)) * 10 / 200
+        set_random_gradients(model, step)
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
