@@ -58,10 +58,8 @@ def header(state: dict, commands) -> list[str]:
              f"- date: {info.get('date', 'n/a')}; bertrain commit {info.get('commit', 'n/a')}",
              f"- suite: `{state['argv']}`, {done} after {state.get('elapsed_s', 0):.0f} s; "
              f"scratch (data, run dirs; removed at the end): {state['scratch']}"]
-    if info.get("error"):
-        lines.append(f"- {info['error']}")
-    if state.get("abort"):
-        lines.append(f"- **ABORTED: {state['abort']}**")
+    lines += ([f"- {info['error']}"] if info.get("error") else []) + (
+        [f"- **ABORTED: {state['abort']}**"] if state.get("abort") else [])
     lines += ["", "## Commands", "", "Each figure's exact command (from the repository root; the suite sets "
               "PYTHONPATH=. and WANDB_MODE=disabled):", ""]
     lines += [f"{i}. part {c.part} ({TITLES[c.part]}), {c.label}: `{c.line()}`" for i, c in enumerate(commands, 1)]
@@ -77,9 +75,9 @@ def part1(state, commands, results) -> list[str]:
     out = ["Medians of alternated rounds; useful MFU = model_step.useful_flops (MLM head at the masked positions "
            "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU). Last two columns: "
            "ours again, same model, with autocast casting each weight instead of one cast per encoder layer "
-           "(`--per-weight-casts`), and, in a run of its own, with BERTRAIN_LAYER_NORM=triton (`--triton-layer-norm`;"
-           " 'not run': not built or not for this device); > 1: the default's one cast, Triton's LayerNorm, is "
-           "faster.", ""]
+           "(`--per-weight-casts`), and, in a run of its own, with BERTRAIN_LAYER_NORM=triton (`--triton-layer-norm`:"
+           " the LayerNorms, each with its sublayer's dropout and residual add, in Triton kernels; 'not run': not "
+           "built or not for this device); > 1: the default's one cast, the Triton kernels, is faster.", ""]
     body = []
     for shape, seq in (tuple(key) for key in state["step_shapes"]):
         r, t = rows.get((shape, seq)), tried.get((shape, seq))
@@ -151,12 +149,11 @@ def part2(state, commands, results) -> list[str]:
            "its useful FLOP/s would shrink by that share. 1.00 = the loop, its data and its packing cost nothing "
            "over the bare step; the target is >= 0.90. FLOP/s rather than MFU: the run's MFU divides by a GEMM "
            "timed after the run, part 1's by one timed between its steps (an idle GPU's clocks run higher: 11-13% "
-           "on the H200). padding: share of the batches' positions / share of the "
-           "positions the encoder computed. data wait: host time in TrainStream.next / wall time (an upper bound: "
-           "the host runs ahead of the device). host in step: the host's median time in train_step (forward and "
-           "backward queued) / the step's time; near 1.00 the host is the limit, not the GPU. peak memory: "
-           "torch.cuda.max_memory_allocated (on a CPU: peak RSS).",
-           ""]
+           "on the H200). padding: share of the batches' positions / share of the positions the encoder computed. "
+           "data wait: host time in TrainStream.next / wall time (an upper bound: the host runs ahead of the "
+           "device). host in step: the host's median time in train_step (forward and backward queued) / the step's "
+           "time; near 1.00 the host is the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a "
+           "CPU: peak RSS).", ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
                   "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "data wait",
                   "host in step", "peak memory", "wall s"],
@@ -170,8 +167,8 @@ def part2(state, commands, results) -> list[str]:
 
 def part3(state, commands, results) -> list[str]:
     out = ["train_step + optimizer_step + the non-finite watch on the real loader's batches (2 micro-batches a "
-           "step); the batch's arrival and the log-time read are outside. Step 1 also creates the optimizer state.",
-           ""]
+           "step); the batch's arrival and the log-time read are outside. Step 1 also creates the optimizer "
+           "state.", ""]
     body = []
     for r in results.get("3", []):
         if "error" in r:
@@ -345,10 +342,13 @@ def targets(state, commands, results) -> list[str]:
         body.append([name, shown if value is not None else "not measured",
                      "not measured" if value is None else ("met" if ok(value) else "**NOT met**")])
 
-    compiled = step_rows(results, "5-step")
+    compiled, tried = step_rows(results, "5-step"), step_rows(results, "1-triton")
     for key in roles["bert-large"]:
-        for how, r in (("", rows.get(tuple(key), {})), (" (train.compile, part 5)", compiled.get(tuple(key)))):
-            if r is None:  # the compiled step: a row only where it ran
+        t = tried.get(tuple(key), {})  # part 1's Triton LayerNorm run: its figures with ours that variant's time
+        triton = t.get("triton_layer_norm_built") and step_rows({"1": [dict(t, ours=t["triton_layer_norm"])]})
+        for how, r in (("", rows.get(tuple(key), {})), (" (train.compile, part 5)", compiled.get(tuple(key))),
+                       (" (BERTRAIN_LAYER_NORM=triton, part 1)", (triton or {}).get(tuple(key)))):
+            if r is None:  # the compiled step, the Triton LayerNorm: a row only where it ran
                 continue
             judge(f"{key[0]} seq {key[1]}{how}: useful MFU >= 50%", r.get("mfu"),
                   fmt(100 * r.get("mfu", 0), ".1f", "%"), lambda v: v >= 0.5)

@@ -207,10 +207,14 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
     assert [row[6:] for row in table_rows(report, "## 5.")[2:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
-    assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # the failed case
+    assert len(verdicts) == 2 + 2 + 2 + 2 + 4 + 2 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed case
     assert [row[0] for row in table_rows(report, "## 8.")[2:4]] == [
         "bert-large seq 128 (train.compile, part 5): useful MFU >= 50%",
         "bert-large seq 128 (train.compile, part 5): >= 1.5x transformers"]
+    # the Triton LayerNorm's run at bert-large seq 128 (0.04 s): 1.5e13 / 0.04 / 6.6e14 = 56.8%, 0.07 / 0.04 = 1.75x
+    assert table_rows(report, "## 8.")[4:6] == [
+        ["bert-large seq 128 (BERTRAIN_LAYER_NORM=triton, part 1): useful MFU >= 50%", "56.8%", "met"],
+        ["bert-large seq 128 (BERTRAIN_LAYER_NORM=triton, part 1): >= 1.5x transformers", "1.75x", "met"]]
     assert set(verdicts) == {"met", "**NOT met**", "not measured"}
     lamb = {row[0]: row[1:] for row in table_rows(report, "## 8.")}
     assert lamb["LAMB <= 1.3x fused AdamW, device time (host ahead), best kernel configuration"] == [

@@ -1,9 +1,13 @@
-"""LayerNorm's forward and backward as Triton kernels, for the half-precision residual stream on a GPU. torch's
-backward took 5.45 ms of bert-large's 75.6 ms step on an H200 (49 LayerNorms of [16384, 1024] bf16, about four times
-what their bytes need); here each backward program walks a block of rows and keeps its weight and bias gradient
-sums in registers. An experiment until measured on a GPU (`benchmarks/gpu_step.py --triton-layer-norm`): chosen
-by BERTRAIN_LAYER_NORM=triton, else torch's (`BERTRAIN_LAYER_NORM=triton benchmarks/gpu_profile.py` counts the
-kernels, named *_layer_norm_*, as normalization). The CPU tests run them in Triton's interpreter."""
+"""LayerNorm's forward and backward as Triton kernels, for the half-precision residual stream on a GPU; in the encoder
+layers each with its sublayer's residual add and dropout (flash-attn's dropout_add_layer_norm: one pass where torch
+runs three kernels, dropout's mask drawn again in the backward instead of stored). torch's LayerNorm backward took
+5.45 ms of bert-large's 75.6 ms step on an H200 (49 LayerNorms of [16384, 1024] bf16, about four times what their
+bytes need), its dropout 2.3 ms; here each backward program walks a block of rows and keeps its weight and bias
+gradient sums in registers. An experiment until measured on a GPU (`benchmarks/gpu_step.py --triton-layer-norm`):
+chosen by BERTRAIN_LAYER_NORM=triton, else torch's (`BERTRAIN_LAYER_NORM=triton benchmarks/gpu_profile.py` counts
+the kernels, named *_layer_norm_*, as normalization). Its dropout draws from Triton's Philox, seeded from torch's
+generator, so its masks are not torch's: reproducible and resumed exactly, but another stream than the default's.
+The CPU tests run the kernels in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -32,12 +36,30 @@ def _jit(function):
 
 
 @_jit
-def _layer_norm_forward(X, W, B, Y, MEAN, RSTD, width, eps, BLOCK: tl.constexpr):
-    """One row: y = (x - mean) * rstd * w + b, statistics in float32 (kept for the backward)."""
+def _kept(SEED, row, p, BLOCK: tl.constexpr):
+    """Which of a row's BLOCK positions dropout keeps (probability 1 - p): Philox from the call's seed, four draws
+    per counter (one rand4x call where rand makes one), position 4j + i from draw i of counter row * BLOCK/4 + j."""
+    counters = row * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
+    u0, u1, u2, u3 = tl.rand4x(tl.load(SEED), counters)
+    return tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK]) >= p  # join interleaves: 0, 1, 2, 3
+
+
+@_jit
+def _layer_norm_forward(X, RESIDUAL, SEED, W, B, Y, H, MEAN, RSTD, width, p, eps, ADD: tl.constexpr,
+                        DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
+    """One row: y = (h - mean) * rstd * w + b, statistics in float32 (kept for the backward), where h = x, or with
+    ADD h = residual + dropout(x), rounded to x's dtype and stored in H for the backward."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < width
     x = tl.load(X + row * width + cols, mask=inside, other=0.0).to(tl.float32)
+    if ADD:
+        if DROPOUT:
+            x = tl.where(_kept(SEED, row, p, BLOCK), x * (1.0 / (1.0 - p)), 0.0)
+        x = tl.load(RESIDUAL + row * width + cols, mask=inside, other=0.0).to(tl.float32) + x
+        x = x.to(H.dtype.element_ty)
+        tl.store(H + row * width + cols, x, mask=inside)
+        x = x.to(tl.float32)
     mean = tl.sum(x, axis=0) / width
     centered = tl.where(inside, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / width + eps)
@@ -49,9 +71,11 @@ def _layer_norm_forward(X, W, B, Y, MEAN, RSTD, width, eps, BLOCK: tl.constexpr)
 
 
 @_jit
-def _layer_norm_backward(DY, X, W, MEAN, RSTD, DX, DW, DB, rows, width, rows_per_program, BLOCK: tl.constexpr):
+def _layer_norm_backward(DY, X, SEED, W, MEAN, RSTD, DX, DDROPPED, DW, DB, rows, width, rows_per_program, p,
+                         DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
     """A block of rows: dx = rstd * (w*dy - mean(w*dy) - x̂ * mean(x̂ * w*dy)); this block's sums of dy * x̂ (the
-    weight's gradient) and dy (the bias's) written as one row of DW and DB."""
+    weight's gradient) and dy (the bias's) written as one row of DW and DB. DROPOUT: also the gradient of dropout's
+    input, dx where the forward kept a position (the same draws, from the same seed) / (1 - p), else 0."""
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < width
@@ -67,8 +91,11 @@ def _layer_norm_backward(DY, X, W, MEAN, RSTD, DX, DW, DB, rows, width, rows_per
         rstd = tl.load(RSTD + row)
         x_hat = tl.where(inside, (x - tl.load(MEAN + row)) * rstd, 0.0)
         w_dy = w * dy
-        dx = w_dy - tl.sum(w_dy, axis=0) / width - x_hat * (tl.sum(x_hat * w_dy, axis=0) / width)
-        tl.store(DX + offsets, (dx * rstd).to(DX.dtype.element_ty), mask=inside)
+        dx = (w_dy - tl.sum(w_dy, axis=0) / width - x_hat * (tl.sum(x_hat * w_dy, axis=0) / width)) * rstd
+        tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=inside)
+        if DROPOUT:
+            dropped = tl.where(_kept(SEED, row, p, BLOCK), dx * (1.0 / (1.0 - p)), 0.0)
+            tl.store(DDROPPED + offsets, dropped.to(DDROPPED.dtype.element_ty), mask=inside)
         dw += dy * x_hat
         db += dy
     tl.store(DW + program * width + cols, dw, mask=inside)
@@ -76,46 +103,65 @@ def _layer_norm_backward(DY, X, W, MEAN, RSTD, DX, DW, DB, rows, width, rows_per
 
 
 def launch_options(width: int) -> dict:
-    """BLOCK (the row padded to a power of two) and warps: more warps for wider rows, as Triton's tutorial."""
-    block = triton.next_power_of_2(width)
+    """BLOCK (the row padded to a power of two, at least dropout's four draws) and warps: more warps for wider rows,
+    as Triton's tutorial."""
+    block = max(triton.next_power_of_2(width), 4)
     return dict(BLOCK=block, num_warps=min(max(block // 256, 1), 8))
 
 
 class TritonLayerNorm(torch.autograd.Function):
-    """F.layer_norm over the last dimension through the two kernels; x's dtype in and out."""
+    """F.layer_norm over the last dimension through the two kernels, of x, or of residual + F.dropout(x, p) when a
+    residual is given (the sum, the dropout and the LayerNorm in one pass; dropout's mask not stored but drawn again
+    in the backward); x's dtype in and out."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                residual: torch.Tensor | None = None, p: float = 0.0) -> torch.Tensor:
         width = x.shape[-1]
         rows_in = x.reshape(-1, width).contiguous()                       # [M, N]
         rows = rows_in.shape[0]
         y = torch.empty_like(rows_in)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
+        ctx.added, ctx.p = residual is not None, p if residual is not None else 0.0
+        if ctx.added:
+            residual = residual.reshape(-1, width).contiguous()
+            summed = torch.empty_like(rows_in)                            # residual + dropout(x): the backward's input
+        else:
+            residual = summed = rows_in  # not read: pointers for the kernel's unused arguments
+        # dropout's seed from the device's generator, as F.dropout draws (a kernel, no sync): seeded runs and
+        # resumed ones repeat their masks; activation checkpointing's recomputation restores the generator first
+        seed = torch.randint(2**62, (1,), device=x.device) if ctx.p > 0 else None
         if rows:
-            _layer_norm_forward[(rows,)](rows_in, weight, bias, y, mean, rstd, width, eps, **launch_options(width))
-        ctx.save_for_backward(rows_in, weight, mean, rstd)
+            _layer_norm_forward[(rows,)](rows_in, residual, mean if seed is None else seed, weight, bias, y, summed,
+                                         mean, rstd, width, ctx.p,
+                                         eps, ADD=ctx.added, DROPOUT=ctx.p > 0, **launch_options(width))
+        ctx.save_for_backward(summed, weight, mean, rstd, seed)
         ctx.bias_dtype = bias.dtype
         return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        rows_in, weight, mean, rstd = ctx.saved_tensors
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rows_in, weight, mean, rstd, seed = ctx.saved_tensors
         rows, width = rows_in.shape
         programs = max(1, min(rows, backward_programs(rows_in.device)))
         rows_per_program = -(-rows // programs)
         programs = -(-rows // rows_per_program) if rows else 1
         dx = torch.empty_like(rows_in)
+        dropped = torch.empty_like(rows_in) if ctx.p > 0 else dx           # the gradient of dropout's input
         # every program writes its row of both: no zeroing; summed in one reduction, cast in one kernel
         partials = torch.empty(2, programs, width, dtype=torch.float32, device=rows_in.device)
         if rows:
-            _layer_norm_backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in, weight, mean, rstd, dx,
-                                              partials[0], partials[1], rows, width, rows_per_program,
-                                              **launch_options(width))
+            _layer_norm_backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in,
+                                              mean if seed is None else seed, weight, mean, rstd,
+                                              dx, dropped, partials[0], partials[1], rows, width, rows_per_program,
+                                              ctx.p, DROPOUT=ctx.p > 0, **launch_options(width))
         else:
             partials.zero_()
         dw, db = partials.sum(1).to(weight.dtype).unbind()
-        return dx.view(dy.shape), dw, db.to(ctx.bias_dtype), None
+        if not ctx.added:
+            return dx.view(dy.shape), dw, db.to(ctx.bias_dtype), None, None, None
+        return dropped.view(dy.shape), dw, db.to(ctx.bias_dtype), None, dx.view(dy.shape), None
 
 
 def backward_programs(device: torch.device) -> int:
@@ -153,14 +199,20 @@ def builds(device: torch.device) -> bool:
 
 
 def _trial(device: torch.device) -> None:
-    """Both kernels once, on a small input."""
+    """Both kernels once in each of their variants (LayerNorm; with the residual; with it and dropout), small."""
     x = torch.arange(120.0, device=device).reshape(3, 40).requires_grad_()
     weight, bias = torch.ones(40, device=device), torch.zeros(40, device=device)
-    TritonLayerNorm.apply(x, weight, bias, 1e-5).sum().backward()
+    for residual, p in ((None, 0.0), (x, 0.0), (x, 0.5)):
+        TritonLayerNorm.apply(x, weight, bias, 1e-5, residual, p).sum().backward()
+
+
+def runs(x: torch.Tensor) -> bool:
+    """Whether BERTRAIN_LAYER_NORM=triton chose the kernels and they run for x."""
+    return chosen() == "triton" and eligible(x) and builds(x.device)
 
 
 def layer_norm(x: torch.Tensor, shape, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """F.layer_norm, through the Triton kernels where BERTRAIN_LAYER_NORM=triton chooses them and they run."""
-    if chosen() == "triton" and eligible(x) and builds(x.device):
+    if runs(x):
         return TritonLayerNorm.apply(x, weight, bias, eps)
     return torch.nn.functional.layer_norm(x, shape, weight, bias, eps)

@@ -13,7 +13,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertrain.batch_layout import Packing
-from bertrain.model.layer_norm_triton import layer_norm
+from bertrain.model import layer_norm_triton
+from bertrain.model.layer_norm_triton import TritonLayerNorm
 
 
 def activation(name: str):
@@ -41,20 +42,29 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(size, eps=eps)
         self.float32_residual = float32_residual
 
-    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """weight, bias: this module's parameters as EncoderLayer.weights gives them (None: the parameters)."""
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, dropout_prob: float = 0.0) -> torch.Tensor:
+        """LN(x), or LN(residual + dropout(x)) when a residual is given: in one Triton kernel where
+        BERTRAIN_LAYER_NORM=triton chose it. weight, bias: this module's parameters as EncoderLayer.weights gives
+        them (None: the parameters)."""
         weight = self.weight if weight is None else weight
         bias = self.bias if bias is None else bias
         device = x.device.type
-        if not torch.is_autocast_enabled(device):
+        half = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        if residual is not None:
+            if (half is not None and not self.float32_residual and x.dtype == residual.dtype == half
+                    and layer_norm_triton.runs(x)):
+                p = dropout_prob if self.training else 0.0
+                with torch.autocast(device, enabled=False):
+                    return TritonLayerNorm.apply(x, weight.to(half), bias.to(half), self.eps, residual, p)
+            x = residual + dropout(x, dropout_prob, self.training)
+        if half is None:
             return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
-        half = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):  # autocast's own choice differs by device (CPU keeps the input's)
             if self.float32_residual or x.dtype != half:  # a float32 input (the embeddings' sum) is normalized as is
                 y = F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
                 return y if self.float32_residual else y.to(half)
-            return layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
+            return layer_norm_triton.layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
 
 
 class Embeddings(nn.Module):
@@ -296,9 +306,9 @@ class EncoderLayer(nn.Module):
         """`where` and `rows`: see SelfAttention.forward; the output has the rows of x, or `rows` only."""
         w = self.weights()  # in each application of a shared ALBERT layer: its gradients then sum in float32
         attended, residual = self.attention(x, where, rows, w.qkv, w.output)
-        x = self.attention_norm(residual + dropout(attended, self.dropout_prob, self.training), *w.attention_norm)
+        x = self.attention_norm(attended, *w.attention_norm, residual=residual, dropout_prob=self.dropout_prob)
         fed = self.feed_forward(x, w.up, w.down)
-        return self.output_norm(x + dropout(fed, self.dropout_prob, self.training), *w.output_norm)
+        return self.output_norm(fed, *w.output_norm, residual=x, dropout_prob=self.dropout_prob)
 
 
 def run_steps(steps: list[nn.Module], x: torch.Tensor, where: torch.Tensor | Packing | None, checkpointing: bool,
