@@ -270,14 +270,14 @@ def test_layer_norm_kernels_compile_for_the_gpus_they_serve(tmp_path):
     for arch in (80, 90):
         for width in (768, 1024):
             for half, weights in (("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp32")):
-                options = layer_norm_triton.launch_options(width)
+                options = dict(layer_norm_triton.launch_options(width))  # a copy: the function caches
                 block = options.pop("BLOCK")
                 seed = "*i64"  # with dropout; without, any pointer the kernel does not read
                 forward = dict(X=f"*{half}", RESIDUAL=f"*{half}", SEED=seed, W=f"*{weights}", B=f"*{weights}",
-                               Y=f"*{half}", H=f"*{half}", MEAN="*fp32", RSTD="*fp32", width="i32", p="fp32",
+                               Y=f"*{half}", H=f"*{half}", STATS="*fp32", rows="i32", width="i32", p="fp32",
                                eps="fp32", ADD="constexpr", DROPOUT="constexpr", BLOCK="constexpr")
-                backward = dict(DY=f"*{half}", X=f"*{half}", SEED=seed, W=f"*{weights}", MEAN="*fp32", RSTD="*fp32",
-                                DX=f"*{half}", DDROPPED=f"*{half}", DW="*fp32", DB="*fp32", rows="i32", width="i32",
+                backward = dict(DY=f"*{half}", X=f"*{half}", SEED=seed, W=f"*{weights}", STATS="*fp32", DX=f"*{half}",
+                                DDROPPED=f"*{half}", PARTIALS="*fp32", rows="i32", width="i32",
                                 rows_per_program="i32", p="fp32", DROPOUT="constexpr", BLOCK="constexpr")
                 # LayerNorm alone, and with the residual and dropout (the residual alone is the latter less code)
                 variants = [("_layer_norm_forward", forward, dict(ADD=False, DROPOUT=False)),

@@ -11,6 +11,7 @@ The CPU tests run the kernels in Triton's interpreter."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -45,10 +46,11 @@ def _kept(SEED, row, p, BLOCK: tl.constexpr):
 
 
 @_jit
-def _layer_norm_forward(X, RESIDUAL, SEED, W, B, Y, H, MEAN, RSTD, width, p, eps, ADD: tl.constexpr,
+def _layer_norm_forward(X, RESIDUAL, SEED, W, B, Y, H, STATS, rows, width, p, eps, ADD: tl.constexpr,
                         DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
-    """One row: y = (h - mean) * rstd * w + b, statistics in float32 (kept for the backward), where h = x, or with
-    ADD h = residual + dropout(x), rounded to x's dtype and stored in H for the backward."""
+    """One row: y = (h - mean) * rstd * w + b, statistics in float32 (kept for the backward: the rows' means, then
+    their rstd, in STATS), where h = x, or with ADD h = residual + dropout(x), rounded to x's dtype and stored in H
+    for the backward."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < width
@@ -66,15 +68,16 @@ def _layer_norm_forward(X, RESIDUAL, SEED, W, B, Y, H, MEAN, RSTD, width, p, eps
     w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=inside, other=0.0).to(tl.float32)
     tl.store(Y + row * width + cols, (centered * rstd * w + b).to(Y.dtype.element_ty), mask=inside)
-    tl.store(MEAN + row, mean)
-    tl.store(RSTD + row, rstd)
+    tl.store(STATS + row, mean)
+    tl.store(STATS + rows + row, rstd)
 
 
 @_jit
-def _layer_norm_backward(DY, X, SEED, W, MEAN, RSTD, DX, DDROPPED, DW, DB, rows, width, rows_per_program, p,
+def _layer_norm_backward(DY, X, SEED, W, STATS, DX, DDROPPED, PARTIALS, rows, width, rows_per_program, p,
                          DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
     """A block of rows: dx = rstd * (w*dy - mean(w*dy) - x̂ * mean(x̂ * w*dy)); this block's sums of dy * x̂ (the
-    weight's gradient) and dy (the bias's) written as one row of DW and DB. DROPOUT: also the gradient of dropout's
+    weight's gradient) and dy (the bias's) written as rows of PARTIALS [2, programs, width]. DROPOUT: also the
+    gradient of dropout's
     input, dx where the forward kept a position (the same draws, from the same seed) / (1 - p), else 0."""
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -88,8 +91,8 @@ def _layer_norm_backward(DY, X, SEED, W, MEAN, RSTD, DX, DDROPPED, DW, DB, rows,
         offsets = row * width + cols
         x = tl.load(X + offsets, mask=inside, other=0.0).to(tl.float32)
         dy = tl.load(DY + offsets, mask=inside, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
-        x_hat = tl.where(inside, (x - tl.load(MEAN + row)) * rstd, 0.0)
+        rstd = tl.load(STATS + rows + row)
+        x_hat = tl.where(inside, (x - tl.load(STATS + row)) * rstd, 0.0)
         w_dy = w * dy
         dx = (w_dy - tl.sum(w_dy, axis=0) / width - x_hat * (tl.sum(x_hat * w_dy, axis=0) / width)) * rstd
         tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=inside)
@@ -98,77 +101,83 @@ def _layer_norm_backward(DY, X, SEED, W, MEAN, RSTD, DX, DDROPPED, DW, DB, rows,
             tl.store(DDROPPED + offsets, dropped.to(DDROPPED.dtype.element_ty), mask=inside)
         dw += dy * x_hat
         db += dy
-    tl.store(DW + program * width + cols, dw, mask=inside)
-    tl.store(DB + program * width + cols, db, mask=inside)
+    tl.store(PARTIALS + program * width + cols, dw, mask=inside)
+    tl.store(PARTIALS + (tl.num_programs(0) + program) * width + cols, db, mask=inside)
 
 
+@functools.lru_cache(maxsize=None)
 def launch_options(width: int) -> dict:
     """BLOCK (the row padded to a power of two, at least dropout's four draws) and warps: more warps for wider rows,
-    as Triton's tutorial."""
-    block = max(triton.next_power_of_2(width), 4)
+    as Triton's tutorial. Cached: the Function's host time counts (a host-bound loop launches ~100 a step)."""
+    block = max(1 << (width - 1).bit_length(), 4)
     return dict(BLOCK=block, num_warps=min(max(block // 256, 1), 8))
 
 
 class TritonLayerNorm(torch.autograd.Function):
     """F.layer_norm over the last dimension through the two kernels, of x, or of residual + F.dropout(x, p) when a
     residual is given (the sum, the dropout and the LayerNorm in one pass; dropout's mask not stored but drawn again
-    in the backward); x's dtype in and out."""
+    in the backward); x's dtype in and out. Few host ops (no views, one buffer per purpose): ~100 calls a step."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                 residual: torch.Tensor | None = None, p: float = 0.0) -> torch.Tensor:
+        x = x.contiguous()                                                # [..., N] as rows of N
         width = x.shape[-1]
-        rows_in = x.reshape(-1, width).contiguous()                       # [M, N]
-        rows = rows_in.shape[0]
-        y = torch.empty_like(rows_in)
-        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-        rstd = torch.empty_like(mean)
+        rows = x.numel() // width if width else 0
+        y = torch.empty_like(x)
+        stats = torch.empty(2 * rows, dtype=torch.float32, device=x.device)  # the rows' means, then their rstd
         ctx.added, ctx.p = residual is not None, p if residual is not None else 0.0
         if ctx.added:
-            residual = residual.reshape(-1, width).contiguous()
-            summed = torch.empty_like(rows_in)                            # residual + dropout(x): the backward's input
+            residual = residual.contiguous()
+            summed = torch.empty_like(x)                                  # residual + dropout(x): the backward's input
         else:
-            residual = summed = rows_in  # not read: pointers for the kernel's unused arguments
+            residual = summed = x  # not read: pointers for the kernel's unused arguments
         # dropout's seed from the device's generator, as F.dropout draws (a kernel, no sync): seeded runs and
         # resumed ones repeat their masks; activation checkpointing's recomputation restores the generator first
         seed = torch.randint(2**62, (1,), device=x.device) if ctx.p > 0 else None
         if rows:
-            _layer_norm_forward[(rows,)](rows_in, residual, mean if seed is None else seed, weight, bias, y, summed,
-                                         mean, rstd, width, ctx.p,
-                                         eps, ADD=ctx.added, DROPOUT=ctx.p > 0, **launch_options(width))
-        ctx.save_for_backward(summed, weight, mean, rstd, seed)
+            _layer_norm_forward[(rows,)](x, residual, stats if seed is None else seed, weight, bias, y, summed,
+                                         stats, rows, width, ctx.p, eps, ADD=ctx.added, DROPOUT=ctx.p > 0,
+                                         **launch_options(width))
+        ctx.save_for_backward(summed, weight, stats, seed)
         ctx.bias_dtype = bias.dtype
-        return y.view(x.shape)
+        return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        rows_in, weight, mean, rstd, seed = ctx.saved_tensors
-        rows, width = rows_in.shape
-        programs = max(1, min(rows, backward_programs(rows_in.device)))
+        summed, weight, stats, seed = ctx.saved_tensors
+        width = summed.shape[-1]
+        rows = stats.shape[0] // 2
+        programs = max(1, min(rows, backward_programs(summed.device)))
         rows_per_program = -(-rows // programs)
         programs = -(-rows // rows_per_program) if rows else 1
-        dx = torch.empty_like(rows_in)
-        dropped = torch.empty_like(rows_in) if ctx.p > 0 else dx           # the gradient of dropout's input
+        dx = torch.empty_like(summed)
+        dropped = torch.empty_like(summed) if ctx.p > 0 else dx            # the gradient of dropout's input
         # every program writes its row of both: no zeroing; summed in one reduction, cast in one kernel
-        partials = torch.empty(2, programs, width, dtype=torch.float32, device=rows_in.device)
+        partials = torch.empty(2, programs, width, dtype=torch.float32, device=summed.device)
         if rows:
-            _layer_norm_backward[(programs,)](dy.reshape(-1, width).contiguous(), rows_in,
-                                              mean if seed is None else seed, weight, mean, rstd,
-                                              dx, dropped, partials[0], partials[1], rows, width, rows_per_program,
-                                              ctx.p, DROPOUT=ctx.p > 0, **launch_options(width))
+            _layer_norm_backward[(programs,)](dy.contiguous(), summed, stats if seed is None else seed, weight, stats,
+                                              dx, dropped, partials, rows, width, rows_per_program, ctx.p,
+                                              DROPOUT=ctx.p > 0, **launch_options(width))
         else:
             partials.zero_()
-        dw, db = partials.sum(1).to(weight.dtype).unbind()
+        dw, db = partials.sum(1).to(weight.dtype)
+        db = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
         if not ctx.added:
-            return dx.view(dy.shape), dw, db.to(ctx.bias_dtype), None, None, None
-        return dropped.view(dy.shape), dw, db.to(ctx.bias_dtype), None, dx.view(dy.shape), None
+            return dx, dw, db, None, None, None
+        return dropped, dw, db, None, dx, None
+
+
+_programs: dict[torch.device, int] = {}
 
 
 def backward_programs(device: torch.device) -> int:
     """How many programs share the backward's rows: a few per multiprocessor, each adding its rows' gradient sums."""
     if device.type != "cuda":
         return 8  # the interpreter: several programs, so that the partial sums are exercised
-    return BACKWARD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    if device not in _programs:
+        _programs[device] = BACKWARD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return _programs[device]
 
 
 def chosen() -> str:
