@@ -117,8 +117,9 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# run last (optional), in this order, when time is left: the Triton LayerNorm's A/B (a process of its own, so that
-# an untried kernel cannot take part 1's figures with it), part 2's diagnostic run
+# optional, when time is left: the Triton LayerNorm's A/B (a process of its own, so that an untried kernel cannot
+# take part 1's figures with it) after part 5's compiled step and before its compiled bert_large loop (the A/B judges
+# the bert-large target; the compiled loop is a diagnostic), then part 2's diagnostic run, last
 EXTRA_RUNS = ("gpu_step-triton-layer-norm", "bert_large-128-workers-4")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
@@ -134,7 +135,8 @@ def target_shapes(quick: bool) -> dict:
 
 
 def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
-    """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6), compile, then EXTRA_RUNS."""
+    """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6, 7), then the optional ones: the
+    compiled step, the Triton LayerNorm's A/B, the compiled loop, 4 loader workers."""
     bench, results, data = ROOT / "benchmarks", scratch / "results", data_dirs(scratch)
     workers = 2 if quick else max(1, min(16, os.cpu_count() or 1))
     prepare = [PY, "-m", "bertrain", "prepare", "--recipe", "pydoc"]
@@ -160,7 +162,8 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     triton = [PY, bench / "gpu_step.py", "--triton-layer-norm", "--results", results / "1-triton.jsonl"] + (
         ["--device", device, "--shapes", "tiny", "--seqs", "32", "--batch", "4", "--rounds", "1", "--repeats", "1",
          "--gemm-size", "256"] if quick else ["--shapes", "bert-large,albert-large", "--seqs", "128", "--rounds", "3"])
-    commands.append(Command("1", "gpu_step-triton-layer-norm", triton, 60, 0, 25, "step.log", min_start=20,
+    # two rows of part 1 and the Triton kernels' builds (a trial of each variant, then each at width 1,024)
+    commands.append(Command("1", "gpu_step-triton-layer-norm", triton, 90, 0, 35, "step.log", min_start=25,
                             optional=True))
     for run in pretrain_runs(quick):
         compiling = "compile" in run["label"]
@@ -215,9 +218,10 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
                  Command("7", "profile", profile, 45, 20, 17, "step.log"),
                  Command("5", "gpu_step-compile", step_compiled, 170, 0, 120, "compile.log", min_start=90,
                          optional=True)]
-    compile_runs = [c for c in commands if c.part == "5"]  # last: the step's, then the pretrain run's
-    extra = [c for c in commands if c.label in EXTRA_RUNS]  # after those, with what is left
-    return [c for c in commands if c.part != "5" and c not in extra] + compile_runs[::-1] + extra
+    compile_runs = [c for c in commands if c.part == "5"]  # the pretrain run's, then the step's
+    extra = [c for c in commands if c.label in EXTRA_RUNS]
+    main = [c for c in commands if c.part != "5" and c not in extra]
+    return main + compile_runs[-1:] + extra[:1] + compile_runs[:-1] + extra[1:]
 
 
 class Stopped(Exception):
