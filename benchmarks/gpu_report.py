@@ -53,8 +53,8 @@ def header(state: dict, commands) -> list[str]:
     lines = [f"# bertrain GPU suite: {info.get('gpu') or 'CPU'}", "", f"- GPU: {gpu}",
              f"- torch {info.get('torch', 'n/a')}, CUDA {info.get('cuda', 'n/a')}, driver {info.get('driver', 'n/a')}",
              f"- transformers {info.get('transformers', 'n/a')}, accelerate {info.get('accelerate', 'n/a')}, "
-             f"tokenizers {info.get('tokenizers', 'n/a')}, Python {info.get('python', 'n/a')}, "
-             f"{info.get('cores', 'n/a')} CPU cores",
+             f"tokenizers {info.get('tokenizers', 'n/a')}, Triton {info.get('triton') or 'n/a'}, Python "
+             f"{info.get('python', 'n/a')}, {info.get('cores', 'n/a')} CPU cores",
              f"- date: {info.get('date', 'n/a')}; bertrain commit {info.get('commit', 'n/a')}",
              f"- suite: `{state['argv']}`, {done} after {state.get('elapsed_s', 0):.0f} s; "
              f"scratch (data, run dirs; removed at the end): {state['scratch']}"]

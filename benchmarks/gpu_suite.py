@@ -26,10 +26,12 @@ from gpu_report import render
 ROOT = Path(__file__).resolve().parent.parent
 QUICK_INSTALL = "not run: --quick installs nothing (the suite sets PYTHONPATH=.)"
 PY = sys.executable
-INFO = """import json, platform, torch, transformers, accelerate, tokenizers
+INFO = """import json, platform, torch, transformers, accelerate, tokenizers, importlib.util
 cuda = torch.cuda.is_available()
+triton = getattr(__import__("triton"), "__version__", None) if importlib.util.find_spec("triton") else None
 print(json.dumps(dict(torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
-    accelerate=accelerate.__version__, tokenizers=tokenizers.__version__, python=platform.python_version(),
+    accelerate=accelerate.__version__, tokenizers=tokenizers.__version__, triton=triton,
+    python=platform.python_version(),
     cuda_available=cuda, gpu=torch.cuda.get_device_name(0) if cuda else None,
     gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None)))"""
 TIME_LIMIT = "{time_limit}"  # in a gpu_pretrain command: replaced by its timeout less its grace when it starts

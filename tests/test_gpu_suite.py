@@ -187,12 +187,14 @@ def test_the_report_renders_every_gpu_section(tmp_path):
         command.status, command.tail = "ok", "PASS"
     commands[-2].status = "timed out after 150 s"  # the compiled pretrain run
     runs = gpu_suite.pretrain_runs(False)
-    info = dict(gpu="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.2, torch="2.11.0", cuda="13.0", driver="580.159.04")
+    info = dict(gpu="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.2, torch="2.11.0", cuda="13.0", driver="580.159.04",
+                triton="3.6.0")
     state = dict(device="cuda", quick=False, out="o", scratch="s", argv="bash benchmarks/gpu_suite.sh o", runs=runs,
                  roles=gpu_suite.target_shapes(False), step_shapes=gpu_suite.step_shapes(False), info=info)
     report = gpu_report.render(state, commands, fake_gpu_results(runs))
     assert "failed to render" not in report and "no figure" not in report
     assert report.splitlines()[2] == "- GPU: NVIDIA H100 80GB HBM3 (79 GiB)"
+    assert "Triton 3.6.0, Python" in report
     assert "CUDA 13.0, driver 580.159.04" in report and "**bert_large-128-compile: timed out after 150 s**" in report
     assert len(table_rows(report, "## 1.")) == 8
     # one cast per layer against per-weight casts (0.0525 / 0.05), and the Triton LayerNorm where its run measured
