@@ -92,10 +92,10 @@ def main() -> None:
     total, groups = sum(ops.values()), grouped(ops)
     print(f"{args.shape} seq {args.seq} batch {batch_size} on {device} ({'bf16' if dtype else 'fp32'}): "
           f"{total / 1e3:.2f} ms of op self time per step")
-    print(f"| group | ms per step | share |\n|---|---|---|")
+    print("| group | ms per step | share |\n|---|---|---|")
     for group, microseconds in sorted(groups.items(), key=lambda item: -item[1]):
         print(f"| {group} | {microseconds / 1e3:.3f} | {100 * microseconds / total:.1f}% |")
-    print(f"\n| op | group | ms per step | share |\n|---|---|---|---|")
+    print("\n| op | group | ms per step | share |\n|---|---|---|---|")
     for name, microseconds in sorted(ops.items(), key=lambda item: -item[1])[:args.top]:
         print(f"| {name} | {group_of(name)} | {microseconds / 1e3:.3f} | {100 * microseconds / total:.1f}% |")
     if args.results:

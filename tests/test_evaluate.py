@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from bertrain.config.finetune import FinetuneConfig, finetune_config
-from bertrain.data.task_files import read_examples
 from bertrain.data.tasks import GLUE, resolve_tasks
 from bertrain.errors import ConfigError, DataError, UsageError
 from bertrain.train import downstream

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from bertrain import rundir
-from bertrain.config import Config, DataConfig, TrainConfig, dump_yaml, load_config
+from bertrain.config import Config, dump_yaml, load_config
 from bertrain.data.format import open_prepared
 from bertrain.errors import ConfigError
 from bertrain.model import build_model, save_weights
 from bertrain.model.hf import export_hf, initialize_from
 from bertrain.train.checkpoint import begin_save, finish_save
-from tests.helpers import TINY, write_config
+from tests.helpers import write_config
 
 SPECIAL_IDS = 5  # [PAD] [UNK] [CLS] [SEP] [MASK]: kept in place by every variant below
 

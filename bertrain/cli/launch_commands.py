@@ -12,7 +12,6 @@ import shlex
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import time

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bertrain import rundir
 from bertrain.config import Config, build_dataclass, flatten, read_yaml, to_dict
