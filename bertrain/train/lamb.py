@@ -44,36 +44,40 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
         for group in self.param_groups:
-            by_device: dict[torch.device, list[torch.Tensor]] = {}
-            for param in group["params"]:
-                if param.grad is not None:
-                    by_device.setdefault(param.device, []).append(param)
-            for params in by_device.values():
-                self._update(params, group, getattr(self, "found_inf", None), getattr(self, "grad_scale", None))
+            params = [p for p in group["params"] if p.grad is not None]
+            for plan in self._plans_of(params, group) if params else ():
+                self._update(plan, group, found_inf, grad_scale)
         return loss
 
-    def _update(self, params: list[torch.Tensor], group: dict, found_inf: torch.Tensor | None,
+    def _update(self, plan: _Plan, group: dict, found_inf: torch.Tensor | None,
                 grad_scale: torch.Tensor | None) -> None:
-        """One LAMB update of `params` (one device) with `group`'s settings, of their gradients divided by
-        `grad_scale` where given; none where `found_inf` is 1."""
-        if any(p.grad.is_sparse for p in params):
-            raise RuntimeError("Lamb does not support sparse gradients.")
-        plan = self._plan(params, group)
-        whole = params
-        grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
+        """One LAMB update of a plan's parameters (one device) with `group`'s settings, of their gradients divided
+        by `grad_scale` where given; none where `found_inf` is 1."""
+        whole = plan.whole
+        grads = [p.grad for p in whole]
+        if any(g.is_sparse or g.dtype != torch.float32 for g in grads):  # one pass for the rare cases
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError("Lamb does not support sparse gradients.")
+            grads = [g if g.dtype == torch.float32 else g.float() for g in grads]
+        device = whole[0].device
         if found_inf is not None:
-            found_inf = found_inf.to(params[0].device, torch.float32)
+            found_inf = found_inf.to(device, torch.float32)
         if grad_scale is not None:
-            grad_scale = grad_scale.to(params[0].device, torch.float32)
-        if plan.blocked:  # a row-blocked parameter is its blocks (views, updated in place), a step count each
-            grads = _spliced(grads, plan.blocked, [grads[i].chunk(n) for i, n in zip(plan.blocked, plan.counts)])
+            grad_scale = grad_scale.to(device, torch.float32)
         params, exp_avgs, exp_avg_sqs, steps = plan.params, plan.exp_avgs, plan.exp_avg_sqs, plan.steps
         adapt = group.get("layer_adaptation", True)
+        # a row block of a contiguous gradient is contiguous: eligible as its whole
         kernel = plan.kernel if plan.kernel is not None and plan.kernel.eligible(grads) else None
-        counts_steps = kernel is lamb_triton  # on the device, where found_inf is 0: no host time per tensor
-        if not counts_steps:
-            torch._foreach_add_(steps, 1)
+        if kernel is lamb_triton:  # its table takes the blocks' addresses: no views of the gradients
+            addresses = lamb_triton.address_table(device, plan.gradient_addresses(grads), plan.states_at)
+            lamb_triton.lamb_update(params, None, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
+                                    group["eps"], group["weight_decay"], found_inf, grad_scale, addresses)
+            return  # the kernel counts the steps, on the device where found_inf is 0: no host time per tensor
+        if plan.blocked:  # a row-blocked parameter is its blocks (views, updated in place), a step count each
+            grads = _spliced(grads, plan.blocked, [grads[i].chunk(n) for i, n in zip(plan.blocked, plan.counts)])
+        torch._foreach_add_(steps, 1)
         if kernel is not None:
             kernel.lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, group["lr"], *group["betas"],
                                group["eps"], group["weight_decay"], found_inf, grad_scale)
@@ -82,7 +86,7 @@ class Lamb(torch.optim.Optimizer):
             fused = not adapt and self.native and adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, group,
                                                               found_inf, grad_scale)
         if fused:
-            if found_inf is not None and not counts_steps:  # the kernel changed nothing; undo the count
+            if found_inf is not None:  # the kernel changed nothing; undo the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
             return
         updates = [self._scratch_for(p) for p in whole]
@@ -113,29 +117,39 @@ class Lamb(torch.optim.Optimizer):
             if adapt is not None:
                 group["layer_adaptation"] = adapt
 
-    def _plan(self, params: list[torch.Tensor], group: dict) -> _Plan:
-        """What _update takes of `params` besides their gradients: their states (created on first use), row-blocked
-        parameters as their blocks, the kernel their tensors allow. Made once per list of parameters (a swapped
-        .data makes it anew): each state lookup and view costs host time, which the GPU step is bound by."""
+    def _plans_of(self, params: list[torch.Tensor], group: dict) -> list[_Plan]:
+        """A plan for the parameters of each device among `params` (those with a gradient), made once per list of
+        parameters (a swapped .data makes it anew): each state lookup and view costs host time, which the GPU step
+        is bound by."""
         key = tuple(p.data_ptr() for p in params)
-        plan = self._plans.get(key)
-        if plan is None:
-            states = [self._state(p) for p in params]
-            lists = (list(params), [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                     [s["step"] for s in states])
-            blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
-            counts = [self.row_blocks[params[i]] for i in blocked]
-            if blocked:
-                pieces = [[t.chunk(n) for t in (lists[0][i], lists[1][i], lists[2][i])] + [lists[3][i].unbind(0)]
-                          for i, n in zip(blocked, counts)]
-                lists = tuple(_spliced(listed, blocked, [piece[k] for piece in pieces])
-                              for k, listed in enumerate(lists))
-            adapt = group.get("layer_adaptation", True)
+        plans = self._plans.get(key)
+        if plans is None:
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for param in params:
+                by_device.setdefault(param.device, []).append(param)
             if len(self._plans) >= KEPT_PLANS:
                 self._plans.pop(next(iter(self._plans)))
-            plan = self._plans[key] = _Plan(*lists, blocked, counts, own_kernel(*lists) if self.native and adapt
-                                            else None)
-        return plan
+            plans = self._plans[key] = [self._plan(on_device, group) for on_device in by_device.values()]
+        return plans
+
+    def _plan(self, params: list[torch.Tensor], group: dict) -> _Plan:
+        """What _update takes of `params` (one device) besides their gradients: their states (created on first
+        use), row-blocked parameters as their blocks, the kernel their tensors allow."""
+        states = [self._state(p) for p in params]
+        lists = (list(params), [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                 [s["step"] for s in states])
+        blocked = [i for i, p in enumerate(params) if p in self.row_blocks]
+        counts = [self.row_blocks[params[i]] for i in blocked]
+        if blocked:
+            pieces = [[t.chunk(n) for t in (lists[0][i], lists[1][i], lists[2][i])] + [lists[3][i].unbind(0)]
+                      for i, n in zip(blocked, counts)]
+            lists = tuple(_spliced(listed, blocked, [piece[k] for piece in pieces]) for k, listed in enumerate(lists))
+        adapt = group.get("layer_adaptation", True)
+        kernel = own_kernel(*lists) if self.native and adapt else None
+        weights, exp_avgs, exp_avg_sqs, steps = lists
+        states_at = [tuple(t.data_ptr() for t in tensors) for tensors in zip(exp_avgs, exp_avg_sqs, weights, steps)
+                     ] if kernel is lamb_triton else []
+        return _Plan(list(params), *lists, blocked, counts, kernel, states_at)
 
     def _state(self, param: torch.Tensor) -> dict:
         """The parameter's step / exp_avg / exp_avg_sq, created on first use; `step` lives on the parameter's
@@ -163,8 +177,10 @@ class Lamb(torch.optim.Optimizer):
 
 
 class _Plan(NamedTuple):
-    """Lamb._plan's lists (blocks spliced in), the blocked parameters' indices and block counts, and the kernel."""
+    """Lamb._plan's parameters as given (whole), its lists (blocks spliced in), the blocked parameters' indices and
+    block counts, and the kernel."""
 
+    whole: list
     params: list
     exp_avgs: list
     exp_avg_sqs: list
@@ -172,6 +188,16 @@ class _Plan(NamedTuple):
     blocked: list[int]
     counts: list[int]
     kernel: object
+    states_at: list  # (exp_avg, exp_avg_sq, param, step) addresses of each tensor of `params`: lamb_triton's table
+
+    def gradient_addresses(self, grads: list[torch.Tensor]) -> list[int]:
+        """The gradients' addresses in the order of `params`: a row-blocked one's blocks at their offsets."""
+        addresses = [g.data_ptr() for g in grads]
+        if self.blocked:
+            pieces = [[addresses[i] + k * (grads[i].numel() // n) * grads[i].element_size() for k in range(n)]
+                      for i, n in zip(self.blocked, self.counts)]
+            addresses = _spliced(addresses, self.blocked, pieces)
+        return addresses
 
 
 def _spliced(tensors: list, at: list[int], pieces: list) -> list:

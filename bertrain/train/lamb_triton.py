@@ -74,13 +74,15 @@ def builds(device: torch.device) -> bool:
 
 def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
                 beta1: float, beta2: float, eps: float, weight_decay: float, found_inf: torch.Tensor | None,
-                grad_scale: torch.Tensor | None = None) -> None:
+                grad_scale: torch.Tensor | None = None, addresses: torch.Tensor | None = None) -> None:
     """One LAMB update, as lamb_native.lamb_update except that a kernel counts the steps (float32 scalars, where
     found_inf is 0) and computes their bias corrections: no host read of a device value, and none of the host time
-    of torch ops over a list of scalars."""
+    of torch ops over a list of scalars. `addresses`: address_table's, in place of `grads` (then unused)."""
     device, sizes = params[0].device, tuple(p.numel() for p in params)
     chunk_tensor, chunk_start, numels, first_chunk, chunk_count = _layout(device, sizes)
-    addresses = _addresses(device, grads, exp_avgs, exp_avg_sqs, params, steps)
+    if addresses is None:
+        addresses = address_table(device, [g.data_ptr() for g in grads], [
+            tuple(t.data_ptr() for t in tensors) for tensors in zip(exp_avgs, exp_avg_sqs, params, steps)])
     corrections = torch.empty(len(params), 2, dtype=torch.float32, device=device)
     if found_inf is None:
         found_inf = torch.zeros((), dtype=torch.float32, device=device)
@@ -172,10 +174,12 @@ def _programs(device: torch.device) -> int:
     return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _addresses(device: torch.device, *tensor_lists: list[torch.Tensor]) -> torch.Tensor:
-    """[tensors, 5] int64 device table of grad, exp_avg, exp_avg_sq, param and step addresses. Gradients can move
-    between steps: a table is reused only for the same addresses."""
-    values = tuple(t.data_ptr() for tensors in zip(*tensor_lists) for t in tensors)
+def address_table(device: torch.device, grads: list[int], states: list[tuple[int, ...]]) -> torch.Tensor:
+    """[tensors, 5] int64 device table of grad, exp_avg, exp_avg_sq, param and step addresses, from the gradients'
+    and each tensor's (exp_avg, exp_avg_sq, param, step) ones (Lamb keeps those between steps, and gives a
+    row-blocked gradient's blocks as offsets, not views). Gradients can move between steps: a table is reused only
+    for the same addresses."""
+    values = tuple(itertools.chain.from_iterable((grad, *state) for grad, state in zip(grads, states)))
     table = _address_tables.pop(values, None)
     if table is None:
         table = _to_device(values, device)
