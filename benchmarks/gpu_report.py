@@ -72,8 +72,9 @@ def header(state: dict, commands) -> list[str]:
 
 def part1(state, commands, results) -> list[str]:
     rows, tried = step_rows(results), step_rows(results, "1-triton")
-    out = ["Medians of alternated rounds; useful MFU = model_step.useful_flops (MLM head at the masked positions "
-           "only) / step time / the bf16 GEMM's FLOP/s measured in the same run (fp32 on a CPU). Last two columns: "
+    out = ["Medians of alternated rounds, each step with its tool's AdamW (torch's fused kernel; bertrain's "
+           "FusedAdamW keeps its lists between steps); useful MFU = model_step.useful_flops (MLM head at the masked "
+           "positions only) / step time / the bf16 GEMM's FLOP/s in the same run (fp32 on a CPU). Last two columns: "
            "ours again, same model, with autocast casting each weight instead of one cast per encoder layer "
            "(`--per-weight-casts`), and, in a run of its own, with BERTRAIN_LAYER_NORM=triton (`--triton-layer-norm`:"
            " the LayerNorms, each with its sublayer's dropout and residual add, in Triton kernels; 'not run': not "

@@ -1,5 +1,5 @@
-"""One training step (forward, backward, fused AdamW) of bertrain against transformers' BertForPreTraining /
-AlbertForPreTraining (attn_implementation="sdpa") on a GPU: BERT-base/-large and ALBERT-base/-large at
+"""One training step (forward, backward, fused AdamW: bertrain's FusedAdamW, torch's for transformers; one kernel)
+of bertrain against transformers' BertForPreTraining / AlbertForPreTraining (attn_implementation="sdpa") on a GPU: BERT-base/-large and ALBERT-base/-large at
 seq 128 and 512, bf16 autocast, same weights (copied with bertrain.model.hf), same batch and masking
 (15% of positions), runs alternated with a large bf16 GEMM that measures the device's peak in the same
 run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM head at masked positions

@@ -1,6 +1,7 @@
 """Time one full training step (forward, backward, AdamW) of bertrain's model against transformers'
 BertForPreTraining / AlbertForPreTraining in the same process: same weights, same batch, same
-precision, same dropout settings, runs alternated, medians reported. Not part of the test suite.
+precision, same dropout settings, runs alternated, medians reported; each stepped by the AdamW its tool runs
+(torch's fused kernel: bertrain's FusedAdamW, transformers' torch.optim.AdamW). Not part of the test suite.
 
     python benchmarks/model_step.py                 # all shapes, fp32, plus bf16 at bert-base where native
     python benchmarks/model_step.py --shapes tiny,small --rounds 5
@@ -20,6 +21,7 @@ import time
 import torch
 
 from bertrain.batch_layout import IGNORE_INDEX
+from bertrain.train.adamw import FusedAdamW
 from bertrain.train.precision import cpu_has_native_bf16
 
 SHAPES = {  # name: (type, hidden, layers, heads, intermediate, embedding, batch)
@@ -79,8 +81,11 @@ def synchronize(device: torch.device) -> None:
 
 def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device = CPU):
     """A closure running one training step (fused AdamW) of `model` on `batch`, autocast to `dtype` when given;
-    `reference`: transformers' model (its own name for the sentence label)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type in ("cuda", "cpu"))
+    `reference`: transformers' model (its own name for the sentence label), stepped by torch's AdamW(fused=True);
+    ours by bertrain's FusedAdamW (the same kernel, its lists kept between steps: less host time)."""
+    fused = device.type in ("cuda", "cpu")
+    optimizer = (FusedAdamW(model.parameters(), lr=1e-5) if fused and not reference else
+                 torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused))
     args = dict(batch)
     if reference:
         args[("sentence_order_label" if kind == "albert" else "next_sentence_label")] = args.pop("sentence_label")

@@ -66,6 +66,15 @@ def test_lamb_host_benchmark_times_the_gpu_step_without_launching_a_kernel():
     assert (rows["the"] and rows["the"][0] > 0) or "not timed (Triton is not installed)" in out, out
 
 
+def test_adamw_host_benchmark_times_torchs_step_ours_and_the_kernels():
+    out = run("adamw_host.py", "--config", "tiny_bert", "--rounds", "1", "--steps", "3")
+    rows = {line.split("  ")[1].strip(): numbers(line.split("  ", 2)[2]) for line in out.splitlines()
+            if line.startswith("  ")}
+    assert "tiny_bert: 38 tensors in 2 groups" in out, out
+    assert set(rows) == {"torch's AdamW(fused=True)", "FusedAdamW", "the kernels alone"}, rows
+    assert rows["torch's AdamW(fused=True)"][-1] == 1.0 and all(ms > 0 for ms, ratio in rows.values())
+
+
 def test_layer_norm_host_benchmark_times_both_paths_without_launching_a_kernel():
     """torch's ops and the Triton Function with its kernels stubbed out: a launch it missed would fail on CPU tensors
     (outside Triton's interpreter)."""

@@ -8,6 +8,7 @@ import torch
 
 from bertrain.config import OptimConfig
 from bertrain.errors import ConfigError
+from bertrain.train.adamw import FusedAdamW
 from bertrain.train.lamb import Lamb
 
 
@@ -64,15 +65,17 @@ def fused_supported(device: torch.device) -> bool:
 
 def build_optimizer(model: torch.nn.Module, config: OptimConfig,
                     device: torch.device | None = None) -> torch.optim.Optimizer:
-    """AdamW (fused where the device supports it, else foreach) or LAMB over `parameter_groups`."""
+    """AdamW (torch's fused kernel through FusedAdamW where the device has it, else foreach) or LAMB over
+    `parameter_groups`."""
     groups = optimizer_groups(model, config.weight_decay)
     betas = (float(config.betas[0]), float(config.betas[1]))
     if config.name == "lamb":
         return Lamb(lamb_groups(groups), lr=config.lr, betas=betas, eps=config.eps, row_blocks=row_blocks_of(model))
     if config.name == "adamw":
         device = device or next(model.parameters()).device
-        speed = {"fused": True} if fused_supported(device) else {"foreach": True}
-        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, **speed)
+        if fused_supported(device):  # torch's fused kernel, its lists kept between steps (host time)
+            return FusedAdamW(groups, lr=config.lr, betas=betas, eps=config.eps)
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, foreach=True)
     raise ConfigError(f"Config key 'optim.name': unknown optimizer {config.name!r} (adamw or lamb).")
 
 
