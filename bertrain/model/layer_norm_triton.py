@@ -27,8 +27,8 @@ except ImportError:  # a CPU-only install: eligible() is False and nothing here 
 
 KERNELS = ("torch", "triton")
 MAX_WIDTH = 8192  # a row in one program's registers
-# 4: at BERT's widths the backward takes at most 104 registers a thread (sm_90, 4 warps), so four programs fit a
-# multiprocessor's 64K registers and keep 16 warps in flight (tests/test_layer_norm_triton.py checks it)
+# 4: at BERT's widths the backward takes at most 104 registers a thread (sm_90, 4 warps; 128 with dropout), so four
+# programs fit a multiprocessor's 64K registers and keep 16 warps in flight (tests/test_layer_norm_triton.py checks it)
 BACKWARD_PROGRAMS_PER_SM = 4
 
 
@@ -77,8 +77,8 @@ def _layer_norm_backward(DY, X, SEED, W, STATS, DX, DDROPPED, PARTIALS, rows, wi
                          DROPOUT: tl.constexpr, BLOCK: tl.constexpr):
     """A block of rows: dx = rstd * (w*dy - mean(w*dy) - x̂ * mean(x̂ * w*dy)); this block's sums of dy * x̂ (the
     weight's gradient) and dy (the bias's) written as rows of PARTIALS [2, programs, width]. DROPOUT: also the
-    gradient of dropout's
-    input, dx where the forward kept a position (the same draws, from the same seed) / (1 - p), else 0."""
+    gradient of dropout's input, dx / (1 - p) where the forward kept a position (the same draws, from the same
+    seed), else 0."""
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < width
