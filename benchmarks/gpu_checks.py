@@ -176,10 +176,12 @@ def sync_case(config_name: str, optimizer_name: str, unpad: str, args) -> dict:
 
 
 def optimizer_case(args) -> dict:
-    """ms per step of fused AdamW, LAMB (its kernel) and LAMB with torch ops on the config's parameters, and how
-    far the kernel's weights are from the torch ops' after a few steps from the same start."""
+    """ms per step of fused AdamW (torch's, and bertrain's FusedAdamW), LAMB (its kernel) and LAMB with torch ops on
+    the config's parameters, and how far the kernel's weights are from the torch ops' after a few steps from the same
+    start."""
     from bertrain.config import load_config
     from bertrain.model import build_model
+    from bertrain.train.adamw import FusedAdamW
     from bertrain.train.lamb import Lamb, own_kernel
     from bertrain.train.optim import lamb_groups, optimizer_groups, row_blocks_of
     from bertrain.train.step import clip_scale
@@ -194,6 +196,7 @@ def optimizer_case(args) -> dict:
     difference = kernel_vs_torch_ops(groups, device, blocks)
     found_inf = torch.zeros((), device=device)  # what optimizer_step hands both (a finite step)
     optimizers = {"fused AdamW": torch.optim.AdamW(groups, lr=1e-4, fused=True),
+                  "FusedAdamW": FusedAdamW(groups, lr=1e-4),
                   "LAMB": Lamb(groups, lr=1e-4, row_blocks=blocks),
                   "LAMB, torch ops": Lamb(groups, lr=1e-4, native=False, row_blocks=blocks)}
     for optimizer in optimizers.values():
@@ -218,7 +221,9 @@ def optimizer_case(args) -> dict:
                 clip_scale_ms=1e3 * medians["fused AdamW, clipped as grad_scale"],
                 lamb_clip_in_place_ms=1e3 * medians["LAMB, clipped in place"],
                 lamb_clip_scale_ms=1e3 * medians["LAMB, clipped as grad_scale"],
+                fused_adamw_ms=1e3 * medians["FusedAdamW"],
                 adamw_host_ms=host_ms(optimizers["fused AdamW"].step, device),
+                fused_adamw_host_ms=host_ms(optimizers["FusedAdamW"].step, device),
                 lamb_host_ms=host_ms(optimizers["LAMB"].step, device))
 
 

@@ -20,12 +20,9 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 def step_rows(results: dict, part: str = "1") -> dict:
     """(shape, seq) -> part 1's figures (or part 5's compiled step, "5-step"): sequences/s, speed-up over
     transformers, useful MFU."""
-    rows = {}
-    for r in results.get(part, []):
-        rows[(r["shape"], r["seq"])] = dict(r, ours_seq_s=r["batch"] / r["ours"], hf_seq_s=r["batch"] / r["hf"],
-                                            speedup=r["hf"] / r["ours"], mfu=r["flops"] / r["ours"] / r["peak"],
-                                            hf_mfu=r["flops"] / r["hf"] / r["peak"])
-    return rows
+    return {(r["shape"], r["seq"]): dict(r, ours_seq_s=r["batch"] / r["ours"], hf_seq_s=r["batch"] / r["hf"],
+                                         speedup=r["hf"] / r["ours"], mfu=r["flops"] / r["ours"] / r["peak"],
+                                         hf_mfu=r["flops"] / r["hf"] / r["peak"]) for r in results.get(part, [])}
 
 
 def failures(commands, part: str) -> list[str]:
@@ -182,20 +179,21 @@ def part3(state, commands, results) -> list[str]:
 
 
 def part4(state, commands, results) -> list[str]:
-    pair = lambda r, a, b: f"{fmt(r.get(a), '.2f')} / {fmt(r.get(b), '.2f')}"  # noqa: E731
+    pair = lambda r, keys: " / ".join(fmt(r.get(key), ".2f") for key in keys.split())  # noqa: E731
     body = [[r.get("config"), fmt(r.get("parameters") and r["parameters"] / 1e6, ".1f", "M"), r.get("kernel"),
-             fmt(r.get("kernel_vs_torch_ops"), ".1e"), fmt(r.get("adamw_ms"), ".2f"), fmt(r.get("lamb_ms"), ".2f"),
-             fmt(r.get("lamb_torch_ops_ms"), ".2f"), fmt(r.get("ratio"), ".2f", "x"),
-             pair(r, "adamw_host_ms", "lamb_host_ms"), f"{pair(r, 'clip_in_place_ms', 'clip_scale_ms')}; "
-             f"{pair(r, 'lamb_clip_in_place_ms', 'lamb_clip_scale_ms')}"] for r in results.get("4", [])]
+             fmt(r.get("kernel_vs_torch_ops"), ".1e"), pair(r, "adamw_ms fused_adamw_ms"), pair(r, "lamb_ms"),
+             pair(r, "lamb_torch_ops_ms"), fmt(r.get("ratio"), ".2f", "x"), pair(r, "adamw_host_ms fused_adamw_host_ms "
+             "lamb_host_ms"), f"{pair(r, 'clip_in_place_ms clip_scale_ms')}; "
+             f"{pair(r, 'lamb_clip_in_place_ms lamb_clip_scale_ms')}"] for r in results.get("4", [])]
     return ["Optimizer step alone, random gradients, `found_inf` set as the loop sets it; medians of alternated "
             "rounds. kernel vs torch ops: the largest weight difference between LAMB's kernel and LAMB's torch ops "
             "after 3 steps from the same weights and gradients, over the largest weight change (float32 rounding: "
             "below 1e-4). host ms: the host's time per step without waiting for the device (near the step's time: "
-            "the step is launch-bound). clipped: the step with gradient clipping, in place as torch's "
-            "clip_grad_norm_ then the step, or as the step's grad_scale (as train/step.py clips).", ""] + table(
-        ["parameters of", "count", "LAMB kernel", "kernel vs torch ops", "fused AdamW ms", "LAMB ms",
-         "LAMB torch ops ms", "LAMB / AdamW", "host ms: AdamW / LAMB",
+            "the step is launch-bound). FusedAdamW: bertrain's (torch's kernel, its lists kept between steps); LAMB / "
+            "AdamW is against torch's. clipped: the step with gradient clipping, in place as torch's clip_grad_norm_ "
+            "then the step, or as the step's grad_scale (as train/step.py clips).", ""] + table(
+        ["parameters of", "count", "LAMB kernel", "kernel vs torch ops", "fused AdamW ms: torch's / FusedAdamW",
+         "LAMB ms", "LAMB torch ops ms", "LAMB / AdamW", "host ms: AdamW torch's / FusedAdamW / LAMB",
          "clipped ms, in place / grad_scale: AdamW; LAMB"], body) + lamb_kernels(results)
 
 

@@ -163,7 +163,8 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
     eager = [r for r in pretrain if "compile" not in r["label"]]
     return {"1": step, "1-triton": triton, "2": eager, "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
-            "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, lamb_ms=3.5, ratio=1.17,
+            "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, fused_adamw_ms=2.9, lamb_ms=3.5, ratio=1.17,
+                       adamw_host_ms=1.2, fused_adamw_host_ms=0.7, lamb_host_ms=2.0,
                        clip_in_place_ms=3.5, clip_scale_ms=3.1, lamb_clip_in_place_ms=4.0, lamb_clip_scale_ms=3.6)],
             # the best configuration measured with the host ahead: 1.12x (the 1.05x one was host-bound)
             "4-kernels": [dict(config=name, parameters_of="bert_base", device_ms=ratio, device_ratio=ratio, wall_ms=1.5,
@@ -222,6 +223,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert lamb["LAMB <= 1.3x fused AdamW, device time (host ahead), best kernel configuration"] == [
         "1.12x (pipelined 4096x8, 8 MB groups)", "met"]
     assert table_rows(report, "## 4.")[0][-1] == "3.50 / 3.10; 4.00 / 3.60"  # clipped in place / as grad_scale
+    assert [table_rows(report, "## 4.")[0][i] for i in (4, 7, 8)] == ["3.00 / 2.90", "1.17x", "1.20 / 0.70 / 2.00"]
     kernels = table_rows(report, "**LAMB's kernel configurations**")
     assert [(row[0], row[6], row[7]) for row in kernels] == [("two_pass 4096x8", "", "yes"), (
         "pipelined 4096x8, 8 MB groups", "bitwise", "yes"), ("pipelined 2048x8, 4 MB groups", "**differ**",
@@ -296,7 +298,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert figures["5"][0]["compiled_graphs"] >= 1
     assert figures["5-step"][0]["compiled"] and figures["5-step"][0]["ours"] > 0 < figures["5-step"][0]["compile_s"]
     assert [(r["first_step"], r["later_steps"]) for r in figures["3"]] == [(0, 0)] * 4
-    assert figures["4"][0]["ratio"] > 0 and figures["4"][0]["lamb_host_ms"] > 0
+    assert figures["4"][0]["ratio"] > 0 and figures["4"][0]["lamb_host_ms"] > 0 < figures["4"][0]["fused_adamw_ms"]
     assert all(figures["4"][0][key] > 0 for key in ("clip_in_place_ms", "clip_scale_ms", "lamb_clip_in_place_ms",
                                                      "lamb_clip_scale_ms"))
     assert figures["4"][0]["kernel_vs_torch_ops"] < 1e-4  # LAMB's kernel (the C one here) agrees with its torch ops
