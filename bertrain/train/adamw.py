@@ -14,8 +14,8 @@ KEPT_PLANS = 16  # parameter lists whose plan is kept (one a group; more where s
 
 class FusedAdamW(torch.optim.AdamW):
     """AdamW(fused=True) whose step reuses each parameter list's states and step counts (made once, a plan)
-    instead of looking them up for every tensor each step; torch's own step makes the states on the first step and serves
-    what the plan does not take (amsgrad, maximize, capturable, a tensor lr, several devices or dtypes)."""
+    instead of looking them up for every tensor each step; torch's own step makes the states on the first step and
+    serves what the plan does not take (amsgrad, maximize, capturable, a tensor lr, several devices or dtypes)."""
 
     def __init__(self, params, **kwargs) -> None:
         super().__init__(params, fused=True, **kwargs)
