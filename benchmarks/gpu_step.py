@@ -1,13 +1,13 @@
-"""One training step (forward, backward, fused AdamW: bertrain's FusedAdamW, torch's for transformers; one kernel)
-of bertrain against transformers' BertForPreTraining / AlbertForPreTraining (attn_implementation="sdpa") on a GPU:
+"""One training step (forward, backward, fused AdamW: bertrain's FusedAdamW, torch's for transformers; one kernel) of
+bertrain against transformers' BertForPreTraining / AlbertForPreTraining (attn_implementation="sdpa") on a GPU:
 BERT-base/-large and ALBERT-base/-large at seq 128 and 512, bf16 autocast, same weights (copied with
 bertrain.model.hf), same batch and masking (15% of positions), runs alternated with a large bf16 GEMM that measures
-the device's peak in the same run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM
-head at masked positions only) against that peak. `--compile`: ours with train.compile's per-layer torch.compile (transformers stays
-eager), its compile time reported. `--per-weight-casts`: ours also timed with autocast casting each weight (the
-plain path of EncoderLayer.weights' one cast per layer); `--triton-layer-norm`: ours also timed with
-BERTRAIN_LAYER_NORM=triton (model/layer_norm_triton.py); each alternated with the rest, on the same model. Not part
-of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
+the device's peak in the same run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM head
+at masked positions only) against that peak. `--compile`: ours with train.compile's per-layer torch.compile
+(transformers stays eager), its compile time reported. `--per-weight-casts`: ours also timed with autocast casting
+each weight (the plain path of EncoderLayer.weights' one cast per layer); `--triton-layer-norm`: ours also timed
+with BERTRAIN_LAYER_NORM=triton (model/layer_norm_triton.py); each alternated with the rest, on the same model. Not
+part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
 
     python benchmarks/gpu_step.py                                   # cuda, all shapes, seq 128 and 512
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --rounds 10
