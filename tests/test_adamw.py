@@ -97,9 +97,14 @@ def test_a_swapped_storage_is_stepped_as_torchs():
     assert_same(ours, theirs)
 
 
-@pytest.mark.parametrize("setting", [dict(amsgrad=True), dict(maximize=True)])
+@pytest.mark.parametrize("setting", [dict(amsgrad=True), dict(maximize=True), dict(decoupled=False)])
 def test_settings_the_plan_does_not_take_step_through_torchs(setting):
+    """amsgrad, maximize, and a group switched to Adam's coupled weight decay (torch's AdamW takes no such argument;
+    its groups carry the flag)."""
+    decoupled = setting.pop("decoupled", True)
     ours, theirs = pair(**setting)
+    for group in ours[1].param_groups + theirs[1].param_groups:
+        group["decoupled_weight_decay"] = decoupled
     for seed in range(3):
         for model, optimizer in (ours, theirs):
             step(model, optimizer, seed)

@@ -58,8 +58,8 @@ class FusedAdamW(torch.optim.AdamW):
         takes the parameters themselves: a swapped .data is stepped as torch's step would); None where torch's step
         must serve: a setting the plan does not take, or a parameter without its state yet."""
         if (group["amsgrad"] or group["maximize"] or group["capturable"] or group["differentiable"]
-                or not group["fused"] or isinstance(group["lr"], torch.Tensor)
-                or any(isinstance(beta, torch.Tensor) for beta in group["betas"])):
+                or not group["fused"] or not group.get("decoupled_weight_decay", True)
+                or isinstance(group["lr"], torch.Tensor) or any(isinstance(b, torch.Tensor) for b in group["betas"])):
             return None
         key = tuple(map(id, params))  # the plan holds them: no other parameter takes their ids while it is kept
         if key not in self._plans:
