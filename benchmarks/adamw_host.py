@@ -1,7 +1,7 @@
 """Host time of an AdamW step, torch's AdamW(fused=True) against bertrain's FusedAdamW (train/adamw.py: the same
 kernel, its lists kept between steps), on one-row tensors as many as a shipped config has in its two parameter
 groups: the kernels' own time is small, the rest is what a host-bound GPU loop pays a step. Also the kernels
-alone (torch._fused_adamw_ on ready lists), the floor. Medians of alternated rounds.
+alone (adamw.fused_adamw on ready lists), the floor. Medians of alternated rounds.
 
     python benchmarks/adamw_host.py --config bert_large
 """
@@ -15,7 +15,7 @@ from model_step import time_alternating
 
 from bertrain.config import load_config
 from bertrain.model import build_model
-from bertrain.train.adamw import FusedAdamW
+from bertrain.train.adamw import FusedAdamW, fused_adamw
 from bertrain.train.optim import optimizer_groups
 
 
@@ -40,9 +40,7 @@ def kernels_alone(optimizer: torch.optim.Optimizer):
     def run() -> None:
         for group, params, grads, exp_avgs, exp_avg_sqs, steps in lists:
             torch._foreach_add_(steps, 1)
-            torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
-                                beta1=group["betas"][0], beta2=group["betas"][1], weight_decay=group["weight_decay"],
-                                eps=group["eps"], maximize=False, grad_scale=None, found_inf=None)
+            fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, group)
     return run
 
 

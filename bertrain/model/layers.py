@@ -14,7 +14,6 @@ from torch.utils.checkpoint import checkpoint
 
 from bertrain.batch_layout import Packing
 from bertrain.model import layer_norm_triton
-from bertrain.model.layer_norm_triton import TritonLayerNorm
 
 
 def activation(name: str):
@@ -56,7 +55,8 @@ class LayerNorm(nn.LayerNorm):
                     and layer_norm_triton.runs(x)):
                 p = dropout_prob if self.training else 0.0
                 with torch.autocast(device, enabled=False):
-                    return TritonLayerNorm.apply(x, weight.to(half), bias.to(half), self.eps, residual, p)
+                    return layer_norm_triton.TritonLayerNorm.apply(x, weight.to(half), bias.to(half), self.eps,
+                                                                   residual, p)
             x = residual + dropout(x, dropout_prob, self.training)
         if half is None:
             return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)

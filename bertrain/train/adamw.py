@@ -45,10 +45,8 @@ class FusedAdamW(torch.optim.AdamW):
             scale = None if grad_scale is None else grad_scale.to(device, non_blocking=True)
             inf = None if found_inf is None else found_inf.to(device, non_blocking=True)
             torch._foreach_add_(plan.steps, 1)
-            torch._fused_adamw_(plan.params, [p.grad for p in plan.params], plan.exp_avgs, plan.exp_avg_sqs, [],
-                                plan.steps, amsgrad=False, lr=group["lr"], beta1=group["betas"][0],
-                                beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
-                                maximize=False, grad_scale=scale, found_inf=inf)
+            fused_adamw(plan.params, [p.grad for p in plan.params], plan.exp_avgs, plan.exp_avg_sqs, plan.steps, group,
+                        scale, inf)
             if inf is not None:  # the kernel changed nothing; undo the count, as torch's step does
                 torch._foreach_sub_(plan.steps, [inf] * len(plan.steps))
         return loss
@@ -75,6 +73,15 @@ class FusedAdamW(torch.optim.AdamW):
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return self._plans[key]
+
+
+def fused_adamw(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, group: dict,
+                grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+    """torch's fused AdamW kernel on these lists with `group`'s lr, betas, weight decay and eps (steps already
+    counted); each gradient divided by `grad_scale`, nothing changed where `found_inf` is 1."""
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],
+                        beta1=group["betas"][0], beta2=group["betas"][1], weight_decay=group["weight_decay"],
+                        eps=group["eps"], maximize=False, grad_scale=grad_scale, found_inf=found_inf)
 
 
 class _Plan(NamedTuple):

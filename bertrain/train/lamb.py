@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from bertrain.train import lamb_native, lamb_triton
+from bertrain.train.adamw import fused_adamw
 
 KEPT_PLANS = 16  # parameter lists whose plan Lamb keeps (one a group and device; more after swapped storages)
 
@@ -227,9 +228,7 @@ def adamw_step(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, ste
     """A group without layer adaptation: Adam's step plus decoupled weight decay, which is LAMB's update with a
     trust ratio of 1, by torch's fused AdamW kernel (steps already counted). False where the device has none."""
     try:
-        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=group["lr"], beta1=group["betas"][0],
-                            beta2=group["betas"][1], weight_decay=group["weight_decay"], eps=group["eps"],
-                            amsgrad=False, maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+        fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, group, grad_scale, found_inf)
     except (NotImplementedError, RuntimeError):
         return False
     return True
