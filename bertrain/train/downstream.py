@@ -76,14 +76,16 @@ def _evaluate(model_path: Path, tasks: list[Task], out_dir: Path, console: Conso
         if said_threads[-1:] != [torch.get_num_threads()]:
             said_threads.append(torch.get_num_threads())
             console.print(line, highlight=False)
+    model_config = None  # MODEL's, listed first: the random baseline's architecture
     for key, path in models:
         skipped: list = []
         if str(path) == RANDOM_BASELINE:  # MODEL's architecture and tokenizer, fresh weights: what pretraining adds
             torch.manual_seed(0)
-            pretrained = build_model(pretrained.config)
+            pretrained = build_model(model_config)
             loaded = f"random weights ({pretrained.config.type}, as the model)"
         else:
             pretrained, tokenizer_dir, loaded = load_pretrained(path, skipped)
+            model_config = model_config or pretrained.config
         for checkpoint, why in skipped:
             warn(f"Skipping invalid checkpoint {checkpoint}: {why}")
         weights = weights_sha256(pretrained)
