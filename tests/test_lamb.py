@@ -364,10 +364,10 @@ def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.cross_path
 def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     """The tests below, in a process where Triton's interpreter runs the GPU kernel on the CPU (it must be chosen
-    before Triton is imported)."""
+    before Triton is imported). Not run again under the portable ATen kernels (not cross_path): the interpreter
+    computes the kernels in NumPy, whatever ATen's CPU kernels are."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
     run_interpreted_tests(__file__, passed=8)
 

@@ -22,10 +22,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="run by test_kernels_in_the_interpreter")
 
 
-@pytest.mark.cross_path
 def test_kernels_in_the_interpreter():
     """The tests below, in a process where Triton's interpreter runs the kernels on the CPU (it must be chosen
-    before Triton is imported)."""
+    before Triton is imported). Not run again under the portable ATen kernels (not cross_path): the interpreter
+    computes the kernels in NumPy, whatever ATen's CPU kernels are."""
     pytest.importorskip("triton", reason="Triton is not installed (.ci/run installs it)")
     run_interpreted_tests(__file__, passed=27)
 
