@@ -539,9 +539,11 @@ def test_lamb_kernels_compile_for_the_gpus_they_serve():
                 pytest.skip(f"this Triton's ahead-of-time compiler API differs: {error}")
             try:
                 compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                          options=dict(num_warps=lamb_triton.NUM_WARPS))
+                                          options=dict(num_warps=lamb_triton.NUM_WARPS, **lamb_triton.FP_FUSION))
             except (RuntimeError, FileNotFoundError) as error:
                 if "ptxas" in str(error).lower() and "error" not in str(error).lower():
                     pytest.skip(f"no ptxas with this Triton: {error}")
                 raise
             assert ".entry" in compiled.asm["ptx"] and compiled.asm["cubin"], (arch, name)
+            if name in ("_moments_and_squares", "_apply", "_pipelined"):  # FP_FUSION's FMAs, whatever the default
+                assert "fma.rn.f32" in compiled.asm["ptx"], (arch, name)

@@ -299,6 +299,7 @@ def test_layer_norm_kernels_compile_for_the_gpus_they_serve(tmp_path):
                         raise
                     where = (arch, name, flags, width, half, weights)
                     assert ".entry" in compiled.asm["ptx"] and compiled.asm["cubin"], where
+                    assert "fma.rn.f32" in compiled.asm["ptx"], where  # launch_options' FMAs, whatever the default
                     usage = resource_usage(triton, compiled.asm["cubin"], tmp_path)
                     if usage:  # no spills; the backward's programs per multiprocessor fit its 64K registers
                         assert usage["STACK"] == usage["LOCAL"] == 0, (where, usage)

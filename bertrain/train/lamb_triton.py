@@ -35,6 +35,7 @@ SCHEDULE = os.environ.get("BERTRAIN_LAMB_SCHEDULE", "two_pass")  # the pipelined
 GROUP_BYTES = 8 * 2**20
 PROGRAMS_PER_SM = 4
 ITEM_BLOCKS = 4  # blocks a program takes at a time: the counter updates and the wait are paid once an item
+FP_FUSION = dict(enable_fp_fusion=True)  # FMAs, as measured: Triton 3.10 turns them off by default (3.9 warns)
 
 
 def _jit(function):
@@ -84,15 +85,14 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
         addresses = address_table(device, [g.data_ptr() for g in grads], [
             tuple(t.data_ptr() for t in tensors) for tensors in zip(exp_avgs, exp_avg_sqs, params, steps)])
     corrections = torch.empty(len(params), 2, dtype=torch.float32, device=device)
-    if found_inf is None:
-        found_inf = torch.zeros((), dtype=torch.float32, device=device)
-    if grad_scale is None:  # each gradient as it is (divided by 1)
-        grad_scale = _one(device)
+    found_inf = torch.zeros((), dtype=torch.float32, device=device) if found_inf is None else found_inf
+    grad_scale = _one(device) if grad_scale is None else grad_scale  # each gradient as it is (divided by 1)
     chunks = chunk_tensor.numel()
     partials = torch.empty(chunks, 2, dtype=torch.float32, device=device)
     scales = torch.empty(len(params), dtype=torch.float32, device=device)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _count_steps[(len(params),)](addresses, _betas(device, beta1, beta2), found_inf, corrections, num_warps=1)
+        _count_steps[(len(params),)](addresses, _betas(device, beta1, beta2), found_inf, corrections, num_warps=1,
+                                     **FP_FUSION)
         if SCHEDULE == "pipelined":
             items, item_blocks, tensor_group, group_tensors = _pipeline(device, sizes, GROUP_BYTES)
             counters = torch.zeros(1 + len(params) + group_tensors.numel(), dtype=torch.int32, device=device)
@@ -100,14 +100,15 @@ def lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, st
                 addresses, items, item_blocks, items.numel(), chunk_tensor, chunk_start, numels, first_chunk,
                 chunk_count, tensor_group, group_tensors, counters, len(params), corrections, found_inf, grad_scale,
                 partials, scales, lr, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, BLOCK=BLOCK,
-                RATIO_BLOCK=RATIO_BLOCK, num_warps=NUM_WARPS)
+                RATIO_BLOCK=RATIO_BLOCK, num_warps=NUM_WARPS, **FP_FUSION)
             return
         _moments_and_squares[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf,
                                         grad_scale, partials, 1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay,
-                                        BLOCK=BLOCK, num_warps=NUM_WARPS)
-        _trust_ratios[(len(params),)](partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK=RATIO_BLOCK)
+                                        BLOCK=BLOCK, num_warps=NUM_WARPS, **FP_FUSION)
+        _trust_ratios[(len(params),)](partials, first_chunk, chunk_count, scales, lr, RATIO_BLOCK=RATIO_BLOCK,
+                                      **FP_FUSION)
         _apply[(chunks,)](addresses, chunk_tensor, chunk_start, numels, corrections, found_inf, scales, eps,
-                          weight_decay, BLOCK=BLOCK, num_warps=NUM_WARPS)
+                          weight_decay, BLOCK=BLOCK, num_warps=NUM_WARPS, **FP_FUSION)
 
 
 _layouts: dict[tuple, tuple[torch.Tensor, ...]] = {}
