@@ -19,7 +19,7 @@ class FusedAdamW(torch.optim.AdamW):
 
     def __init__(self, params, **kwargs) -> None:
         super().__init__(params, fused=True, **kwargs)
-        self._plans: dict[tuple[int, ...], _Plan | None] = {}
+        self._plans: dict[tuple[int, ...], _Plan] = {}
 
     def __setstate__(self, state: dict) -> None:  # load_state_dict too: the plans' state tensors are replaced
         super().__setstate__(state)
@@ -62,16 +62,13 @@ class FusedAdamW(torch.optim.AdamW):
         key = tuple(map(id, params))  # the plan holds them: no other parameter takes their ids while it is kept
         if key not in self._plans:
             states = [self.state.get(p) for p in params]
-            kinds = {(p.device, p.dtype) for p in params}
-            plan = None
-            if all(states) and len(kinds) == 1 and all(s["step"].device == params[0].device for s in states):
-                plan = _Plan(params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                             [s["step"] for s in states])
-            if plan is None:
+            if (not all(states) or len({(p.device, p.dtype) for p in params}) > 1
+                    or any(s["step"].device != params[0].device for s in states)):
                 return None  # not kept: the next step (after torch's made the states) plans again
             if len(self._plans) >= KEPT_PLANS:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            self._plans[key] = _Plan(params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                                     [s["step"] for s in states])
         return self._plans[key]
 
 
