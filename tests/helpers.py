@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,6 +56,17 @@ def default_ctrl_c() -> None:
     """Popen preexec_fn: Ctrl-C at its default in the child, as a terminal's shell starts a command. A test run in the
     background of a non-interactive shell (`pytest &`) inherits SIGINT ignored, and Python then keeps ignoring it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_for_file(path: Path, process: subprocess.Popen | None = None, timeout: float = 300) -> str:
+    """The text of `path` once another process has written it (a marker or a pid: polled until it exists and is not
+    empty, since its writer creates it before writing); fail when `process` ends first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not (text := path.read_text()):
+        assert process is None or process.poll() is None, f"the process ended first: {process.communicate()}"
+        assert time.monotonic() < deadline, f"{path} never appeared (or stayed empty)"
+        time.sleep(0.05)
+    return text
 
 
 def pretrain_env(**extra: str) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 from bertrain.data.format import open_prepared
 from bertrain.data.prepare import shards as shards_module
 from bertrain.data.sources.pydoc import write_pydoc_corpus
-from tests.helpers import ROOT, default_ctrl_c, pretrain_env
+from tests.helpers import ROOT, default_ctrl_c, pretrain_env, wait_for_file
 
 WAIT = 300  # seconds: generous, for a loaded machine; no test measures time
 PAUSED_SHARD = "shard-00002"
@@ -65,11 +65,7 @@ def test_ctrl_c_during_prepare_says_how_to_resume_in_one_line_and_resumes(tmp_pa
     process = subprocess.Popen(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True,
                                env=pretrain_env(PAUSE_MARKER=str(marker)), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_ctrl_c)
-    deadline = time.monotonic() + WAIT
-    while not marker.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "prepare never reached the paused shard"
-        time.sleep(0.05)
+    wait_for_file(marker, process, WAIT)  # prepare reached the paused shard
     os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: prepare, its workers and multiprocessing's helper
     out, err = process.communicate(timeout=WAIT)
     assert process.returncode == 130, f"{out}\n{err}"

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,9 @@ from bertrain.cli.launch_commands import torchrun_command
 from bertrain.exit_status import (STATUS_DIR_ENV, WorkerExit, WorkerStart, combine_exit_codes, is_running,
                                   read_exits, read_starts, record_exit, record_start)
 from bertrain.train.parent_watch import watch_parent
-from tests.helpers import ROOT, default_ctrl_c, explain, pretrain_env, write_config
+from tests.helpers import ROOT, default_ctrl_c, explain, pretrain_env, wait_for_file, write_config
 
 WAIT = 300  # seconds: generous, for a loaded machine; no test measures time
-
-
-def wait_for(path: Path, timeout: float = WAIT) -> str:
-    """The text of `path` once it exists (polling), or fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
-    time.sleep(0.05)  # let the writer finish its short line
-    return path.read_text()
 
 
 def launch(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
@@ -153,7 +142,7 @@ def test_a_signal_to_launch_reaches_the_launcher_and_gives_75(tmp_path, sig):
     ready, got = tmp_path / "ready", tmp_path / "got"
     process = launch(sys.executable, "-c", WAITING_LAUNCHER, str(ready), str(got))
     try:
-        wait_for(ready)
+        wait_for_file(ready, timeout=WAIT)
         process.send_signal(sig)
         result = finish(process)
     finally:
@@ -209,11 +198,11 @@ def test_launch_debug_shows_the_launchers_output_and_writes_no_log(tmp_path):
 def test_kill_9_of_launch_stops_the_launcher(tmp_path):
     ready, got = tmp_path / "ready", tmp_path / "got"
     process = launch(sys.executable, "-c", WAITING_LAUNCHER, str(ready), str(got))
-    launcher = int(wait_for(ready))
+    launcher = int(wait_for_file(ready, timeout=WAIT))
     try:
         process.kill()
         process.communicate(timeout=WAIT)
-        assert wait_for(got, timeout=60) == "SIGTERM"
+        assert wait_for_file(got, timeout=60) == "SIGTERM"
     finally:
         try:
             os.kill(launcher, signal.SIGKILL)
@@ -320,7 +309,7 @@ def test_a_stop_signal_between_the_launcher_s_end_and_the_wait_reaches_the_worke
     worker = subprocess.Popen([sys.executable, "-c", SIGNALLED_WORKER, str(ready)], cwd=ROOT,
                               env=pretrain_env(BERTRAIN_EXIT_STATUS_DIR=str(status), RANK="0"))
     try:
-        wait_for(ready)
+        wait_for_file(ready, timeout=WAIT)
         wait_for_orphans(status, 137, [signal.SIGTERM])  # returns once the worker, told, has saved and exited
         assert worker.wait(timeout=WAIT) == 0
         assert [exit.code for exit in read_exits(status)] == [75]
@@ -375,12 +364,12 @@ def test_a_worker_whose_launcher_is_killed_9_is_told(tmp_path, mode, expected):
     ready, got = tmp_path / "ready", tmp_path / "got"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, WORKER, str(ready), str(got), mode],
                               env=pretrain_env(LOCAL_RANK="0"), cwd=ROOT)
-    worker = int(wait_for(ready))
+    worker = int(wait_for_file(ready, timeout=WAIT))
     try:
         assert not got.exists()
         parent.kill()
         parent.wait(timeout=WAIT)
-        assert wait_for(got, timeout=60) == expected
+        assert wait_for_file(got, timeout=60) == expected
     finally:
         parent.kill()
         try:
@@ -466,7 +455,7 @@ def test_ctrl_c_under_launch_stops_every_rank_after_one_step_with_one_checkpoint
     # Rank 0 pauses before step 2 until the signal; Ctrl-C reaches `bertrain launch` (the terminal's group).
     process = launch(*args, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"2:{marker}"))
     try:
-        wait_for(marker)
+        wait_for_file(marker, timeout=WAIT)
         process.send_signal(signal.SIGINT)
         result = finish(process)
     finally:
@@ -500,7 +489,7 @@ def test_kill_9_of_torchrun_under_launch_waits_for_the_checkpoint_exits_75_and_a
     # Rank 0 pauses before step 2 until its parent-death SIGTERM; rank 1 waits for it in step 2's collectives.
     process = launch(*args, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"2:{marker}", TMPDIR=str(tmp)))
     try:
-        rank_zero = int(wait_for(marker))
+        rank_zero = int(wait_for_file(marker, timeout=WAIT))
         (status_dir,) = tmp.glob("bertrain-exit-*")
         workers = read_starts(status_dir)
         assert rank_zero in [worker.pid for worker in workers] and len(workers) == 2, workers

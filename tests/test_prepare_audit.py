@@ -18,7 +18,7 @@ from bertrain.config import PrepareConfig, Recipe, SourceConfig, TokenizerConfig
 from bertrain.data.prepare import prepare_corpus
 from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.errors import DataError
-from tests.helpers import ROOT, check_identity, default_ctrl_c, pretrain_env
+from tests.helpers import ROOT, check_identity, default_ctrl_c, pretrain_env, wait_for_file
 from tests.test_ctrl_c import WAIT, assert_resumes_like_a_fresh_run, prepare_command
 
 SENTENCES = "".join(f"Sentence number {i} is fine.\nAnother sentence {i} follows here.\n\n" for i in range(30))
@@ -82,15 +82,6 @@ def test_nested_group_by_field_suggests_the_full_path(tmp_path):
         prepare(tmp_path, "d", SourceConfig(path=str(path), group_by=["book", "meta.chaptr"]))
 
 
-def wait_for(marker, process):
-    deadline = time.monotonic() + WAIT
-    while not marker.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "prepare never reached the paused shard"
-        time.sleep(0.05)
-    return int(marker.read_text())
-
-
 def assert_gone(pid):
     """The process ends within a few seconds (a worker left running would hold the job's resources)."""
     deadline = time.monotonic() + 10
@@ -110,7 +101,7 @@ def start_paused_prepare(tmp_path):
     process = subprocess.Popen(prepare_command(corpus, tmp_path / "data"), cwd=ROOT, text=True,
                                env=pretrain_env(PAUSE_MARKER=str(marker)), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_ctrl_c)
-    return corpus, process, wait_for(marker, process)
+    return corpus, process, int(wait_for_file(marker, process, WAIT))
 
 
 def assert_requeue_exit(process):

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (KERNELS, ROOT, TINY, assert_same_weights, default_ctrl_c, explain, final_weights, kernel_env,
-                           make_prepared_dir, pretrain_env, rounding_rtol, run_pretrain, train_losses, write_config)
+                           make_prepared_dir, pretrain_env, rounding_rtol, run_pretrain, train_losses, wait_for_file,
+                           write_config)
 
 N = 3          # checkpoint / interruption step
 STEPS = 2 * N  # uninterrupted length
@@ -165,15 +166,6 @@ def start_in_a_terminal_group(config, data, run_dir, pause_at: int, marker: Path
     return subprocess.Popen(command, env=pretrain_env(BERTRAIN_TEST_PAUSE_AT_STEP=f"{pause_at}:{marker}", **env),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=default_ctrl_c)
-
-
-def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
-    """Block until `path` exists (the run reached its pause), or fail when the process ends or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, f"the run ended (exit {process.returncode}): {process.communicate()}"
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def test_ctrl_c_finishes_the_step_saves_exits_130_and_resumes_exactly(workdir, config, data, reference):
