@@ -68,8 +68,13 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
         if "--config" in argv:
-            config = load_config(argv[argv.index("--config") + 1], sets_of(argv))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                config = load_config(argv[argv.index("--config") + 1], sets_of(argv))
             assert config.model.max_position_embeddings >= config.data.max_seq_length
+            # the one warning expected: a throughput run of a few hundred steps never ends its config's warmup
+            messages = [str(w.message) for w in caught]
+            assert all(message.startswith("optim.warmup_steps") for message in messages), messages
     prepare = next(c for c in commands if c.label == "prepare-synthetic")
     assert "--tokenizer" in prepare.argv and "--workers" in prepare.argv  # no tokenizer training, every core
     for shape in ("bert-base", "bert-large", "albert-base", "albert-large"):
@@ -162,7 +167,8 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
     eager = [r for r in pretrain if "compile" not in r["label"]]
-    return {"1": step, "1-triton": triton, "2": eager, "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
+    return {"1": step, "1-triton": triton, "2": eager,
+            "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
             "4": [dict(config="bert_base", parameters=1.1e8, adamw_ms=3.0, fused_adamw_ms=2.9, lamb_ms=3.5, ratio=1.17,
                        adamw_host_ms=1.2, fused_adamw_host_ms=0.7, lamb_host_ms=2.0,
                        clip_in_place_ms=3.5, clip_scale_ms=3.1, lamb_clip_in_place_ms=4.0, lamb_clip_scale_ms=3.6)],
