@@ -83,7 +83,8 @@ def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict
     flops = useful_flops(config, batch_size, int((batch["labels"] != -100).sum()), seq)
     extra.update({name: medians[name] for name in ("per_weight_casts", "triton_layer_norm") if name in medians})
     if args.triton_layer_norm:  # False: its kernels failed to build (warned) or are not for this device
-        extra["triton_layer_norm_built"] = layer_norm_triton._builds.get(str(device), False)
+        # keyed by the tensors' device (cuda:0), not --device's name (cuda)
+        extra["triton_layer_norm_built"] = layer_norm_triton._builds.get(str(batch["input_ids"].device), False)
     return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops, **extra)
 
 

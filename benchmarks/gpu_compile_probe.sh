@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# train.compile in the real loop, beside the GPU suite (whose part 5 compiles only bert_large's loop): bert_base at
+# seq 128 and 512 and albert_base (LAMB) at 128 compiled, albert_base eager, then part 1's bert-large step with the
+# Triton LayerNorm. From the repository root of a GPU machine, about 200 s on an H200 (2026-11-27; its output is in
+# benchmarks/results/gpu_compile_2026-11-27_h200.log):
+#
+#   bash benchmarks/gpu_compile_probe.sh OUT_DIR
+set -u
+out="${1:?usage: bash benchmarks/gpu_compile_probe.sh OUT_DIR}"; mkdir -p "$out"; PY=${PYTHON:-python3}
+export PYTHONPATH=$PWD WANDB_MODE=disabled
+s=$(mktemp -d)
+$PY -m pip install -q --no-deps --no-build-isolation -e . > "$out/setup.log" 2>&1
+$PY -m bertrain prepare --recipe pydoc --out $s/pydoc >> "$out/setup.log" 2>&1
+$PY -c 'import sys; from bertrain.data.sources.pydoc import write_pydoc_corpus; print(write_pydoc_corpus(sys.argv[1], size_mb=64, seed=0))' $s/corpus >> "$out/setup.log" 2>&1
+$PY -m bertrain prepare --recipe pydoc --source $s/corpus --tokenizer $s/pydoc/tokenizer --workers 16 --num-shards 16 --out $s/synthetic >> "$out/setup.log" 2>&1
+echo "setup done $SECONDS s" | tee -a "$out/probe.log"
+run() {  # label limit last steps config batch seq sets...
+  label=$1 limit=$2 last=$3 steps=$4 config=$5 batch=$6 seq=$7; shift 7
+  sets=(); for x in "$@"; do sets+=(--set "$x"); done
+  timeout -k 5 $((limit + 30)) $PY benchmarks/gpu_pretrain.py --last $last --label $label --results "$out/results.jsonl" \
+    --time-limit $limit --min-steps 30 -- --config $config --data $s/synthetic --run-dir $s/$label \
+    --set train.max_steps=$steps --set train.log_every=10 --set train.eval_every=0 --set train.save_every=100000 \
+    --set train.batch_size=$batch --set data.max_seq_length=$seq --set model.vocab_size=30522 \
+    --set train.mixed_precision=auto "${sets[@]}" > "$out/$label.log" 2>&1
+  echo "$label: exit $? at $SECONDS s" | tee -a "$out/probe.log"; tail -4 "$out/$label.log" >> "$out/probe.log"
+}
+run bert_base-128-compile 50 150 250 bert_base 256 128 train.compile=true
+run albert_base-128-eager 25 100 150 albert_base 256 128
+run albert_base-128-compile 45 100 150 albert_base 256 128 train.compile=true
+run bert_base-512-compile 45 100 150 bert_base 32 512 data.max_predictions_per_seq=80 train.compile=true
+timeout 60 $PY benchmarks/gpu_step.py --triton-layer-norm --shapes bert-large --seqs 128 --rounds 3 > "$out/triton_ln.log" 2>&1
+echo "triton_ln: exit $? at $SECONDS s" | tee -a "$out/probe.log"
+rm -rf "$s"
