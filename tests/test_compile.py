@@ -96,3 +96,94 @@ def test_compiled_layers_reach_fixed_graphs_and_the_eager_results(kind, attentio
 def test_compiled_layers_under_gradient_checkpointing(attention, monkeypatch):
     graphs = steps_until_stable(*compiled_twin("bert", attention, monkeypatch, gradient_checkpointing=True), steps=6)
     assert graphs[0] > 0 and graphs[2] == graphs[-1], graphs
+
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("setting, device, steps, deterministic, triton, capability, compiled, why", [
+    ("auto", CUDA, 5000, False, True, (9, 0), True, "auto: 5,000 steps on a CUDA GPU"),
+    ("auto", CUDA, 4999, False, True, (9, 0), False, "off for 4,999 steps (compiles 5,000 or more)"),
+    ("auto", torch.device("cpu"), 10**6, False, True, (9, 0), False, "off on cpu"),
+    ("auto", CUDA, 10**6, True, True, (9, 0), False, "off with train.deterministic"),
+    ("auto", CUDA, 10**6, False, False, (9, 0), False, "needs Triton"),
+    ("auto", CUDA, 10**6, False, True, (6, 0), False, "compute capability 7.0+"),
+    (True, torch.device("cpu"), 1, True, False, (6, 0), True, "train.compile is true"),
+    (False, CUDA, 10**6, False, True, (9, 0), False, "train.compile is false")])
+def test_train_compile_auto_compiles_long_gpu_runs_only(setting, device, steps, deterministic, triton, capability,
+                                                        compiled, why, monkeypatch):
+    import importlib.util
+
+    from bertrain.config import TrainConfig
+    from bertrain.train.setup import choose_compile
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" and not triton
+                        else find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    train = TrainConfig(compile=setting, deterministic=deterministic)
+    chosen, reason = choose_compile(train, device, steps)
+    assert chosen is compiled and why in reason
+
+
+@pytest.mark.parametrize("setting, compiled", [("auto", False), ("true", True), ("false", False)])
+def test_pretrain_compiles_the_layers_as_train_compile_says(setting, compiled, run_cli, tiny_data, tmp_path,
+                                                            monkeypatch, fresh_accelerate):
+    """The loop's wiring on the CPU: `auto` stays eager here, `true` compiles (recorded, not run) and says so."""
+    from bertrain.train import setup
+
+    calls = []
+    monkeypatch.setattr(setup, "compile_layers", lambda model: calls.append(model))
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
+    code, out, err = run_cli("pretrain", "--config", "tiny_bert", "--data", str(tiny_data), "--run-dir",
+                             str(tmp_path / "run"), "--set", "train.max_steps=1", "--set", f"train.compile={setting}")
+    assert code == 0, out + err
+    assert len(calls) == int(compiled)
+    assert ("torch.compile: the encoder layers are compiled (train.compile is true)" in out) is compiled
+    assert torch._dynamo.config.suppress_errors is False  # only `auto` falls back to eager, and only on a GPU
+
+
+def test_train_compile_takes_true_false_or_auto_and_names_the_key_otherwise(run_cli, tiny_data, tmp_path):
+    code, _, err = run_cli("pretrain", "--config", "tiny_bert", "--data", str(tiny_data), "--run-dir",
+                           str(tmp_path / "run"), "--set", "train.compile=sometimes")
+    assert code == 2 and "train.compile" in err and "auto" in err, err
+
+
+def test_auto_on_a_gpu_compiles_with_the_eager_fallback_and_says_why(monkeypatch):
+    """`auto` compiles a long GPU run with dynamo's suppress_errors on (a failing frame runs eager, warned)."""
+    import types
+
+    from rich.console import Console
+
+    from bertrain.config import TrainConfig
+    from bertrain.train import setup
+
+    calls = []
+    monkeypatch.setattr(setup, "compile_layers", lambda model: calls.append(model))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(setup.importlib.util, "find_spec", lambda name, *a: object())  # Triton, as on a GPU machine
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
+    console = Console(record=True, width=200)
+    accelerator = types.SimpleNamespace(device=CUDA, is_main_process=True)
+    assert setup.compile_if_chosen("model", TrainConfig(), accelerator, 125_000, console)
+    assert calls == ["model"] and torch._dynamo.config.suppress_errors is True
+    assert "compiled (train.compile auto: 125,000 steps on a CUDA GPU)" in console.export_text()
+
+
+@pytest.mark.parametrize("attention", ["padded", "packed: buckets"])
+def test_evaluation_between_steps_adds_a_fixed_set_of_graphs(attention, monkeypatch):
+    """train.eval_every's no-grad eval-mode forwards between training steps: their graphs are made once, so a long
+    run never reaches dynamo's recompile limit (past it, dynamo runs the layers eager)."""
+    compiled = compiled_twin("bert", attention, monkeypatch)[1]
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)  # an error, not eager
+    generator, graphs = random.Random(0), []
+    for step in range(9):
+        batch = make_batch([generator.randint(1, WIDTH) for _ in range(8)], seed=step)
+        compiled.train()
+        compiled(**batch, mlm_normalizer=1.0, sentence_normalizer=8.0).loss.backward()
+        compiled.eval()
+        with torch.no_grad():
+            compiled(**make_batch([generator.randint(1, WIDTH) for _ in range(5)], seed=100 + step),
+                     mlm_normalizer=1.0, sentence_normalizer=5.0)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[2] == graphs[-1], graphs

@@ -72,6 +72,7 @@ def test_a_quick_micro_batch_is_measured_once_at_its_own_size(run_cli, tiny_data
     text = " ".join(out.replace("│", " ").split())
     assert "measuring one micro-batch (4 x 64 tokens" in text
     assert "measured step time 1.000 s (2 micro-batch(es))" in text and "estimated time 0m40s" in text
+    assert "torch.compile off (train.compile auto: off on cpu)" in text  # what the run would do here
 
 
 def test_the_estimate_uses_the_thread_count_the_run_would_choose(run_cli, tiny_data, tmp_path, monkeypatch,

@@ -19,6 +19,7 @@ from bertrain.errors import BertrainError
 from bertrain.train import fault_hooks
 from bertrain.train.checkpoint import choose_checkpoint, data_info
 from bertrain.train.resume_rules import resumed_state
+from bertrain.train.setup import choose_compile
 from bertrain.train.step_cost import MATMUL_SHARE, matmul_rate, measure_micro_batch, training_flops
 from bertrain.train.stream import TrainStream
 from bertrain.train.threads import ThreadPlan, ThreadTuner, plan_threads
@@ -147,10 +148,13 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
                       f"{accelerator.device} ({type(error).__name__}); raise train.gradient_accumulation_steps.")
         return
     step = seconds * accumulation
+    compiled, why = choose_compile(train, accelerator.device, total_steps)
     console.print(_table("time estimate", [
         ("one micro-batch (measured)", f"{seconds:.3f} s" + (f" ({threads})" if threads else "")),
         ("measured step time", f"{step:.3f} s ({accumulation} micro-batch(es))"),
-        ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)")]))
+        ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)"),
+        ("torch.compile", f"on ({why}): measured eager; the run's compiled step should be faster" if compiled
+         else f"off ({why})")]))
 
 
 @dataclass

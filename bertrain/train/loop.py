@@ -20,7 +20,7 @@ from bertrain.config import Config, check_precision_for_device, micro_batch_size
 from bertrain.console import human_seconds, make_console
 from bertrain.data.loader import EmptyEpochError
 from bertrain.errors import EXIT_CTRL_C, Interrupted
-from bertrain.model import build_model, compile_layers
+from bertrain.model import build_model
 from bertrain.model.hf import initialize_from
 from bertrain.train import checkpoint, fault_hooks
 from bertrain.train.checkpoint import TrainState
@@ -32,7 +32,8 @@ from bertrain.train.parent_watch import watch_parent
 from bertrain.train.precision import local_device_type
 from bertrain.train.report import write_run_report
 from bertrain.train.resume_rules import resumed_state
-from bertrain.train.setup import build_accelerator, resolve_run_config, schedule_length, write_run_files
+from bertrain.train.setup import (build_accelerator, compile_if_chosen, resolve_run_config, schedule_length,
+                                  write_run_files)
 from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
 from bertrain.train.step import (LossScale, NonFiniteWatch, StepResult, end_training, optimizer_step,
                                  too_many_bad_steps, train_step)
@@ -190,8 +191,7 @@ class Trainer:
                 scheduler = stretch_schedule(optimizer, scheduler, state.step, new_length)
             if self.forced or self.longer_budget:
                 state.total_steps = total_steps
-        if config.train.compile:
-            compile_layers(model)
+        compile_if_chosen(model, config.train, self.accelerator, state.total_steps, self.console)
         model, optimizer = accelerator.prepare(model, optimizer)
         if resume_path is not None:
             checkpoint.load_scaler(resume_path, accelerator)
