@@ -49,14 +49,13 @@ class Probe:
         self.profile, self.device, self.profiler = profile, device, None  # (start, count): steps profiled
         self.trace = trace  # the profiled steps' Chrome trace (host ops and kernels on one timeline), gzipped
 
-    def install(self, count_forwards: bool) -> list[str]:
-        """Wrap TrainStream.next, the loop's train_step and (unless compiling) the model's plan_forward;
-        returns what could not be wrapped."""
+    def install(self) -> list[str]:
+        """Wrap TrainStream.next, the loop's train_step and the model's plan_forward (eager under train.compile,
+        which compiles the layers only); returns what could not be wrapped."""
         from bertrain.model import bert
         from bertrain.train import loop, stream
 
-        targets = [(stream.TrainStream, "next"), (loop, "train_step")] + ([(bert, "plan_forward")] if count_forwards
-                                                                           else [])
+        targets = [(stream.TrainStream, "next"), (loop, "train_step"), (bert, "plan_forward")]
         missing = [name for owner, name in targets if not hasattr(owner, name)]
         if missing:
             return missing
@@ -84,18 +83,16 @@ class Probe:
             self.steps.append(step)
             return result
 
-        stream.TrainStream.next, loop.train_step = timed_next, counted_step
-        if count_forwards:
-            plan_forward = bert.plan_forward
+        plan_forward = bert.plan_forward
 
-            def counted_plan(model, layout):
-                plan = plan_forward(model, layout)
-                if model.training:  # positions the encoder runs at: the real tokens when packed, else all of [B, T]
-                    self.forwards.append(layout.real_tokens if plan.encoder == "packed"
-                                         else layout.batch_size * layout.width)
-                return plan
+        def counted_plan(model, layout):
+            plan = plan_forward(model, layout)
+            if model.training:  # positions the encoder runs at: the real tokens when packed, else all of [B, T]
+                self.forwards.append(layout.real_tokens if plan.encoder == "packed"
+                                     else layout.batch_size * layout.width)
+            return plan
 
-            bert.plan_forward = counted_plan
+        stream.TrainStream.next, loop.train_step, bert.plan_forward = timed_next, counted_step, counted_plan
         return []
 
     def profile_if_due(self) -> None:
@@ -225,7 +222,6 @@ def main() -> None:
     args, pretrain_args = parser.parse_known_args()
     pretrain_args = [a for a in pretrain_args if a != "--"]
     run_dir = Path(pretrain_args[pretrain_args.index("--run-dir") + 1])
-    compiling = "train.compile=true" in pretrain_args
     if args.compile_backend:
         torch.compile = functools.partial(torch.compile, backend=args.compile_backend)
     from bertrain.cli import main as cli
@@ -233,7 +229,7 @@ def main() -> None:
 
     profile = tuple(int(n) for n in args.profile.split(":")) if args.profile else None
     probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace)
-    result: dict = {"label": args.label, "not_wrapped": probe.install(count_forwards=not compiling)}
+    result: dict = {"label": args.label, "not_wrapped": probe.install()}
     started = time.perf_counter()
     result["exit_code"] = cli(["pretrain", *pretrain_args])
     result["wall_s"] = time.perf_counter() - started
@@ -247,10 +243,10 @@ def main() -> None:
     finished = result["exit_code"] == 0 or (probe.stopped and result["exit_code"] == EXIT_REQUEUE)
     if finished:
         result.update(summarize(probe, run_dir, args.last, device))
-    if compiling:  # graphs dynamo compiled (more than one: recompiles, graph breaks)
-        from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters
 
-        result["compiled_graphs"] = counters["stats"].get("unique_graphs", 0)
+    if counters["stats"].get("unique_graphs"):  # train.compile ran: the graphs (recompiles, graph breaks)
+        result["compiled_graphs"] = counters["stats"]["unique_graphs"]
     result["process_s"] = time.perf_counter() - STARTED
     print("RESULT " + json.dumps(result), flush=True)
     if args.results:

@@ -135,7 +135,8 @@ def part2(state, commands, results) -> list[str]:
     by_label = {r["label"]: r for r in results.get("2", [])}
     bare = step_rows(results)
     runs = [run for run in state["runs"] if "compile" not in run["label"]]
-    out = ["`bertrain pretrain` (in-process, benchmarks/gpu_pretrain.py) on synthetic documents of shuffled pydoc "
+    out = ["`bertrain pretrain` (in-process, benchmarks/gpu_pretrain.py; eager: `train.compile: auto` compiles "
+           "runs of 5,000 steps or more, part 5 the compiled loop) on synthetic documents of shuffled pydoc "
            "paragraphs prepared above by `bertrain prepare` (every run in its first epoch); figures over each run's "
            "last steps (metrics.jsonl's windows, each ending in the loop's log-time device read; a run that reached "
            "its time limit stopped itself and covers what it did). real tokens/s: non-pad tokens. useful MFU: the "
@@ -244,6 +245,9 @@ def part5(state, commands, results) -> list[str]:
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]
+    ratio = vs_bare(compiled, step_rows(results, "5-step").get(tuple(run["bare"])))
+    if ratio is not None:  # train.compile: auto compiles long GPU runs, so this is the loop they run
+        out += ["", f"The compiled loop against the compiled bare step below (vs bare, as in part 2): {ratio:.2f}."]
     return out + compiled_step(state, commands, results)
 
 
@@ -365,6 +369,10 @@ def targets(state, commands, results) -> list[str]:
         judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
               f"{fmt(ratio, '.2f')} (data wait {fmt(r and 100 * r['data_wait_share'], '.1f', '%')})",
               lambda v: v >= 0.9)
+    for run, r in zip([run for run in state["runs"] if "compile" in run["label"]], results.get("5", [])):
+        ratio = vs_bare(r, compiled.get(tuple(run["bare"])))
+        judge(f"pretrain {run['label']} (train.compile, part 5): within 10% of the compiled bare step", ratio,
+              fmt(ratio, ".2f"), lambda v: v >= 0.9)
     for r in results.get("3", []):
         judge(f"0 host syncs: {r['case']}", r.get("later_steps"),
               f"{r.get('later_steps')} after step 1 ({r.get('first_step')} in step 1), 'error' mode: "
