@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import random
+import types
 
 import pytest
 import torch
+from rich.console import Console
 from torch._dynamo.utils import counters
 
+from bertrain.config import TrainConfig
 from bertrain.model import build_model, compile_layers, layers
+from bertrain.train import setup
+from bertrain.train.setup import choose_compile
 from tests.helpers import assert_rounding_close
 from tests.test_unpad import CONFIGS, WIDTH, make_batch, per_sequence_attention
 
@@ -112,11 +118,6 @@ CUDA = torch.device("cuda", 0)
     (False, CUDA, 10**6, False, True, (9, 0), False, "train.compile is false")])
 def test_train_compile_auto_compiles_long_gpu_runs_only(setting, device, steps, deterministic, triton, capability,
                                                         compiled, why, monkeypatch):
-    import importlib.util
-
-    from bertrain.config import TrainConfig
-    from bertrain.train.setup import choose_compile
-
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" and not triton
                         else find_spec(name, *a))
@@ -130,8 +131,6 @@ def test_train_compile_auto_compiles_long_gpu_runs_only(setting, device, steps, 
 def test_pretrain_compiles_the_layers_as_train_compile_says(setting, compiled, run_cli, tiny_data, tmp_path,
                                                             monkeypatch, fresh_accelerate):
     """The loop's wiring on the CPU: `auto` stays eager here, `true` compiles (recorded, not run) and says so."""
-    from bertrain.train import setup
-
     calls = []
     monkeypatch.setattr(setup, "compile_layers", lambda model: calls.append(model))
     monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
@@ -151,17 +150,10 @@ def test_train_compile_takes_true_false_or_auto_and_names_the_key_otherwise(run_
 
 def test_auto_on_a_gpu_compiles_with_the_eager_fallback_and_says_why(monkeypatch):
     """`auto` compiles a long GPU run with dynamo's suppress_errors on (a failing frame runs eager, warned)."""
-    import types
-
-    from rich.console import Console
-
-    from bertrain.config import TrainConfig
-    from bertrain.train import setup
-
     calls = []
     monkeypatch.setattr(setup, "compile_layers", lambda model: calls.append(model))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(setup.importlib.util, "find_spec", lambda name, *a: object())  # Triton, as on a GPU machine
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # Triton, as on a GPU machine
     monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
     console = Console(record=True, width=200)
     accelerator = types.SimpleNamespace(device=CUDA, is_main_process=True)

@@ -178,7 +178,7 @@ class TrainConfig:
     compile: Union[bool, Literal["auto"]] = opt(
         "auto", "torch.compile each encoder layer; the first step takes 10-20 s longer. `auto` (default): compiled "
         "on a CUDA GPU (compute capability 7.0+, Triton installed) when the run's schedule has at least 5,000 steps "
-        "and train.deterministic is off (its exact-resume check runs eager); on an H200 the compiled loop ran "
+        "and train.deterministic (which GPU exact-resume checks set) is off; on an H200 the compiled loop ran "
         "1.03-1.23x the eager one's tokens/s (bert_base, albert_base with LAMB and bert_large at seq 128, bert_base "
         "at 512). Off on CPUs (on 2 idle CPU cores tiny_bert's step took 1.13x as long compiled). If compiling "
         "fails under `auto`, torch runs that code eager and warns; `true` stops the run instead.")
