@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bertrain.batch_layout import buckets_of
 from bertrain.config import DataConfig, ModelConfig
 from bertrain.data.sources.pydoc import write_pydoc_corpus
 from bertrain.data.format import open_prepared
@@ -65,7 +66,7 @@ def step_flops(batch: dict, hidden: int, layers: int, intermediate: int, vocab: 
     B, T, H = layout.batch_size, layout.width, hidden
     if unpadded:
         rows, last_rows = layout.real_tokens, B + layout.predicted
-        attention = sum(b * width * width for b, width in (bucket.shape for bucket in layout.packing.buckets))
+        attention = sum(b * width * width for b, width in (bucket.shape for bucket in buckets_of(layout.packing)))
     else:
         rows, last_rows, attention = B * T, B * layout.max_needed, B * T * T
     per_row = 4 * H * H + 2 * H * intermediate                       # QKV, output, feed-forward

@@ -1,5 +1,5 @@
-"""The host's index plan of a micro-batch (masked positions, targets, counts, packing buckets), built by the
-collator so the step reads no mask back from the device. Numpy in, CPU tensors out; torch loads on first use."""
+"""The host's index plan of a micro-batch (masked positions, targets, counts, packing), built by the collator so
+the step reads no mask back from the device. Numpy in, CPU tensors out; torch loads on first use."""
 
 from __future__ import annotations
 
@@ -52,10 +52,13 @@ class Packing:
     token_index: torch.Tensor  # [N] flat index b*T + t of each packed row
     positions: torch.Tensor    # [N] position t of each packed row in its sequence
     first_rows: torch.Tensor   # [B] packed row of each sequence's first token ([CLS]), in batch order
-    buckets: list[Bucket]
+    lengths: np.ndarray        # [B] real tokens of each sequence, in batch order (host: buckets_of plans from it)
     width: int                 # T
     sequence_starts: torch.Tensor  # [B+1] int32 packed row where each sequence starts, then N
     longest: int               # the longest sequence (the variable-length attention kernel's bound)
+    # Built on first use (buckets_of): a GPU's variable-length flash kernel never reads them, and building them
+    # in the collator, then pinning and copying them, cost the host ~1 ms a 256-row micro-batch for nothing.
+    buckets: list[Bucket] | None = None
 
 
 @dataclass
@@ -145,25 +148,34 @@ def _bucket(members: np.ndarray, lengths: np.ndarray, start: int) -> Bucket:
                   _tensor(inside)[:, None, None, :], _tensor(np.flatnonzero(inside).astype(np.int64)))
 
 
-def pack_lengths(lengths: np.ndarray, width: int, max_buckets: int = MAX_BUCKETS) -> tuple[Packing, np.ndarray]:
+def pack_lengths(lengths: np.ndarray, width: int) -> tuple[Packing, np.ndarray]:
     """(packing of right-padded rows of these lengths, [B, T] packed row of each position); host work only."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    buckets, start, order = [], 0, []
-    for members in plan_buckets(lengths, max_buckets):
-        buckets.append(_bucket(members, lengths, start))
-        start += int(lengths[members].sum())
-        order.append(members)
-    sequence = np.concatenate(order)                                           # batch rows, packed order
+    sequence = np.argsort(-lengths, kind="stable")                            # batch rows, packed order
     sorted_lengths = lengths[sequence]
     sequence_start = np.concatenate([[0], np.cumsum(sorted_lengths)[:-1]])
+    start = int(sorted_lengths.sum())
     position = np.arange(start) - np.repeat(sequence_start, sorted_lengths)   # [N]
     token_index = np.repeat(sequence, sorted_lengths) * width + position
     first = np.empty(len(lengths), dtype=np.int64)
     first[sequence] = sequence_start
     starts = np.append(sequence_start, start).astype(np.int32)  # a GPU's variable-length attention reads these
     packing = Packing(_tensor(token_index.astype(np.int64)), _tensor(position.astype(np.int64)), _tensor(first),
-                      buckets, width, _tensor(starts), int(sorted_lengths.max(initial=0)))
+                      lengths, width, _tensor(starts), int(sorted_lengths.max(initial=0)))
     return packing, first[:, None] + np.arange(width)[None, :]
+
+
+def buckets_of(packing: Packing, max_buckets: int = MAX_BUCKETS) -> list[Bucket]:
+    """The packing's length buckets (plan_buckets: contiguous runs of its longest-first order), made once, on the
+    device of its tensors (a GPU's copies queued without waiting)."""
+    if packing.buckets is None:
+        buckets, start, device = [], 0, packing.token_index.device
+        for members in plan_buckets(packing.lengths, max_buckets):
+            buckets.append(map_tensors(_bucket(members, packing.lengths, start),
+                                       lambda t: t.to(device, non_blocking=True)))
+            start += int(packing.lengths[members].sum())
+        packing.buckets = buckets
+    return packing.buckets
 
 
 def batch_layout(attention_mask: np.ndarray, labels: np.ndarray, sentence_label: np.ndarray | None = None

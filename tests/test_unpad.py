@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertrain.batch_layout import (IGNORE_INDEX, MAX_BUCKETS, batch_layout, is_right_padded, layout_of, pack_lengths,
-                                   plan_buckets)
+from bertrain.batch_layout import (IGNORE_INDEX, MAX_BUCKETS, batch_layout, buckets_of, is_right_padded, layout_of,
+                                   pack_lengths, plan_buckets)
 from bertrain.config import AUTO_MIN_PADDED_WIDTH, AUTO_MIN_PADDING_SHARE, ModelConfig
 from bertrain.model import build_model, layers
 from bertrain.model.forward_plan import plan_forward
@@ -189,7 +189,24 @@ def test_bucket_plan_covers_every_sequence_once_longest_first():
     assert sorted(np.concatenate(buckets).tolist()) == list(range(40))
     assert all(lengths[a].min() >= lengths[b].max() for a, b in zip(buckets, buckets[1:]))
     assert len(plan_buckets(np.array([7, 7, 7]))) == 1  # equal lengths: one bucket, no mask
-    assert pack_lengths(np.full(3, 7), 7)[0].buckets[0].key_mask is None
+    assert buckets_of(pack_lengths(np.full(3, 7), 7)[0])[0].key_mask is None
+
+
+def test_buckets_are_made_on_first_use_once_on_the_packing_device():
+    """The collator plans no buckets (a GPU's variable-length kernel never reads them); buckets_of plans them from
+    the host lengths, in the packed order pack_lengths laid out, with the tensors where the packing's are."""
+    lengths = np.random.default_rng(1).integers(1, 65, 24)
+    packing = pack_lengths(lengths, 64)[0]
+    assert packing.buckets is None
+    moved = dataclasses.replace(packing, token_index=packing.token_index.to("meta"))
+    buckets = buckets_of(moved)
+    assert buckets_of(moved) is buckets  # made once: every layer's attention shares them
+    assert all(t.is_meta for b in buckets for t in (b.gather, b.key_mask, b.inside) if t is not None)
+    members = plan_buckets(lengths)
+    assert len(buckets) == len(members) > 1 and sum(b.size for b in buckets) == int(lengths.sum())
+    for bucket, rows in zip(buckets, members):  # each sequence's packed rows lie in its bucket, longest first
+        first = packing.first_rows[rows].numpy()
+        assert first.tolist() == (bucket.start + np.concatenate([[0], np.cumsum(lengths[rows])[:-1]])).tolist()
 
 
 def planned(layout, unpad: str = "auto", hidden_size: int = 32, **options) -> tuple[str, bool]:

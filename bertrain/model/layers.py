@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bertrain.batch_layout import Packing
+from bertrain.batch_layout import Packing, buckets_of
 from bertrain.model import layer_norm_triton
 
 
@@ -215,7 +215,7 @@ def bucket_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
     """packed_attention as one dense SDPA per length bucket."""
     H = qkv.shape[1] // 3
     outputs = []
-    for bucket in packing.buckets:
+    for bucket in buckets_of(packing):
         b, width = bucket.shape
         if bucket.gather is None:
             slots = qkv[bucket.start:bucket.start + bucket.size]                  # a view: no copy
