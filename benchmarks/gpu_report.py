@@ -362,15 +362,17 @@ def targets(state, commands, results) -> list[str]:
             r = rows.get(tuple(key), {})
             judge(f"{key[0]} seq {key[1]}: >= {need}x transformers", r.get("speedup"),
                   fmt(r.get("speedup"), ".2f", "x"), lambda v, need=need: v >= need)
-    runs = {r["label"]: r for r in results.get("2", []) if "useful_mfu" in r}
+    runs = {r["label"]: r for part in ("2", "5") for r in results.get(part, []) if "useful_mfu" in r}
     for run in state["runs"][:2]:
         r, bare = runs.get(run["label"]), rows.get(tuple(run["bare"]))
         ratio = vs_bare(r, bare)
         judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
               f"{fmt(ratio, '.2f')} (data wait {fmt(r and 100 * r['data_wait_share'], '.1f', '%')})",
               lambda v: v >= 0.9)
-    for run, r in zip([run for run in state["runs"] if "compile" in run["label"]], results.get("5", [])):
-        ratio = vs_bare(r, compiled.get(tuple(run["bare"])))
+    for run in state["runs"]:
+        if "compile" not in run["label"] or run["label"] not in runs:  # the compiled loop: a row only where it ran
+            continue
+        ratio = vs_bare(runs[run["label"]], compiled.get(tuple(run["bare"])))
         judge(f"pretrain {run['label']} (train.compile, part 5): within 10% of the compiled bare step", ratio,
               fmt(ratio, ".2f"), lambda v: v >= 0.9)
     for r in results.get("3", []):

@@ -173,7 +173,7 @@ def buckets_of(packing: Packing, max_buckets: int = MAX_BUCKETS) -> list[Bucket]
         for members in plan_buckets(packing.lengths, max_buckets):
             buckets.append(map_tensors(_bucket(members, packing.lengths, start),
                                        lambda t: t.to(device, non_blocking=True)))
-            start += int(packing.lengths[members].sum())
+            start += buckets[-1].size
         packing.buckets = buckets
     return packing.buckets
 
