@@ -5,14 +5,13 @@ bertrain.model.hf), same batch and masking (15% of positions), runs alternated w
 the device's peak in the same run. Prints sequences/s and useful MFU (model_step.useful_flops: 3 x forward, MLM head
 at masked positions only) against that peak. `--compile`: ours with train.compile's per-layer torch.compile
 (transformers stays eager), its compile time reported. `--per-weight-casts`: ours also timed with autocast casting
-each weight (the plain path of EncoderLayer.weights' one cast per layer); `--triton-layer-norm`: ours also timed
-with BERTRAIN_LAYER_NORM=triton (model/layer_norm_triton.py); each alternated with the rest, on the same model. Not
-part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
+each weight (the plain path of EncoderLayer.weights' one cast per layer), alternated with the rest, on the same
+model. Not part of the test suite; `--device cpu` runs a tiny shape in fp32 (tested).
 
     python benchmarks/gpu_step.py                                   # cuda, all shapes, seq 128 and 512
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --rounds 10
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --compile
-    python benchmarks/gpu_step.py --shapes bert-large,albert-large --seqs 128 --per-weight-casts --triton-layer-norm
+    python benchmarks/gpu_step.py --shapes bert-large,albert-large --seqs 128 --per-weight-casts
     python benchmarks/gpu_step.py --device cpu --shapes tiny --seqs 64 --batch 4
 """
 
@@ -20,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 from model_step import gemm_fn, make_batch, reference_model, step_fn, synchronize, time_alternating, useful_flops
 
 from bertrain.config import load_config
-from bertrain.model import build_model, compile_layers, layer_norm_triton
+from bertrain.model import build_model, compile_layers
 from bertrain.model.layers import EncoderLayer
 
 SHAPES = {  # name: (shipped config, vocab size, {seq: batch on an 80 GB GPU})
@@ -69,37 +67,30 @@ def measure(pair, seq: int, batch_size: int, args, device: torch.device) -> dict
         ours_step()
         synchronize(device)
         extra = dict(compiled=True, compile_s=time.perf_counter() - started)
-    layers, default_layer_norm = [m for m in ours.modules() if isinstance(m, EncoderLayer)], layer_norm_triton.chosen()
-    functions = {"ours": variant(layers, ours_step, True, default_layer_norm),
+    layers = [m for m in ours.modules() if isinstance(m, EncoderLayer)]
+    functions = {"ours": variant(layers, ours_step, True),
                  "hf": step_fn(theirs, batch, True, config.type, dtype, device), "gemm": gemm}
-    # the same model, weights and optimizer: only the casts, or the LayerNorm kernels, differ
-    if args.per_weight_casts:
-        functions["per_weight_casts"] = variant(layers, ours_step, False, default_layer_norm)
-    if args.triton_layer_norm:
-        functions["triton_layer_norm"] = variant(layers, ours_step, True, "triton")
+    if args.per_weight_casts:  # the same model, weights and optimizer: only the casts differ
+        functions["per_weight_casts"] = variant(layers, ours_step, False)
     medians = time_alternating(functions, args.rounds, args.repeats, device)
-    use_variant(layers, True, default_layer_norm)  # the next length's steps (and compile warm-up) run the default
+    use_variant(layers, True)  # the next length's steps (and compile warm-up) run the default
     peak = gemm_flops / medians["gemm"]
     flops = useful_flops(config, batch_size, int((batch["labels"] != -100).sum()), seq)
-    extra.update({name: medians[name] for name in ("per_weight_casts", "triton_layer_norm") if name in medians})
-    if args.triton_layer_norm:  # False: its kernels failed to build (warned) or are not for this device
-        # keyed by the tensors' device (cuda:0), not --device's name (cuda)
-        extra["triton_layer_norm_built"] = layer_norm_triton._builds.get(str(batch["input_ids"].device), False)
+    if "per_weight_casts" in medians:
+        extra["per_weight_casts"] = medians["per_weight_casts"]
     return dict(ours=medians["ours"], hf=medians["hf"], peak=peak, flops=flops, **extra)
 
 
-def use_variant(layers: list[EncoderLayer], fused_weight_cast: bool, layer_norm: str) -> None:
-    """The encoder layers' weights cast in one kernel each (EncoderLayer.weights) or by autocast, and
-    BERTRAIN_LAYER_NORM's kernels."""
+def use_variant(layers: list[EncoderLayer], fused_weight_cast: bool) -> None:
+    """The encoder layers' weights cast in one kernel each (EncoderLayer.weights) or by autocast."""
     for layer in layers:
         layer.fused_weight_cast = fused_weight_cast
-    os.environ["BERTRAIN_LAYER_NORM"] = layer_norm
 
 
-def variant(layers: list[EncoderLayer], step, fused_weight_cast: bool, layer_norm: str):
+def variant(layers: list[EncoderLayer], step, fused_weight_cast: bool):
     """`step` in that variant (use_variant) each time it runs."""
     def run() -> None:
-        use_variant(layers, fused_weight_cast, layer_norm)
+        use_variant(layers, fused_weight_cast)
         step()
 
     return run
@@ -120,8 +111,6 @@ def main() -> None:
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (e.g. eager on a CPU).")
     parser.add_argument("--per-weight-casts", action="store_true",
                         help="Also time ours with autocast casting each weight (no one-kernel cast per layer).")
-    parser.add_argument("--triton-layer-norm", action="store_true",
-                        help="Also time ours with BERTRAIN_LAYER_NORM=triton (Triton's LayerNorm kernels).")
     args = parser.parse_args()
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -158,11 +147,8 @@ def main() -> None:
                   f"{100 * r['flops'] / r['hf'] / r['peak']:>6.3g}% {r['peak'] / 1e12:>9.3g}"
                   + (f"  (compiled in {r['compile_s']:.1f} s)" if args.compile else "")
                   + (f"  (per-weight casts: {batch_size / r['per_weight_casts']:.1f} seq/s, one cast per layer "
-                     f"{r['per_weight_casts'] / r['ours']:.3f}x as fast)" if args.per_weight_casts else "")
-                  + (f"  (Triton LayerNorm: {batch_size / r['triton_layer_norm']:.1f} seq/s, "
-                     f"{r['ours'] / r['triton_layer_norm']:.3f}x ours"
-                     f"{'' if r['triton_layer_norm_built'] else ', NOT RUN: not built or not eligible here'})"
-                     if args.triton_layer_norm else ""), flush=True)
+                     f"{r['per_weight_casts'] / r['ours']:.3f}x as fast)" if args.per_weight_casts else ""),
+                  flush=True)
             if args.results:  # one line per row as it is measured: a run cut short keeps its rows
                 with open(args.results, "a") as out:
                     out.write(json.dumps(dict(r, shape=shape, seq=seq, batch=batch_size, dtype=args.dtype)) + "\n")

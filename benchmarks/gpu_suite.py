@@ -83,7 +83,9 @@ def pretrain_runs(quick: bool) -> list[dict]:
                 dict(common, label="bert_large-128-workers-4", optional=True,  # 2 workers on a 2-core test machine
                      sets=common["sets"] + ["data.num_workers=2"]),
                 dict(common, label="bert_large-128-compile", steps=10, last=5, optional=True,
-                     sets=common["sets"] + ["train.compile=true"])]
+                     sets=common["sets"] + ["train.compile=true"]),
+                dict(common, label="bert_large-128-compile-workers-4", steps=10, last=5, optional=True,
+                     sets=common["sets"] + ["train.compile=true", "data.num_workers=2"])]
     common = dict(steps=300, log_every=25, last=200, grace=15, sets=["model.vocab_size=30522",
                                                                      "train.mixed_precision=auto"])
     base = dict(common, config="bert_base", seq=128, batch=256, bare=("bert-base", 128))
@@ -99,17 +101,21 @@ def pretrain_runs(quick: bool) -> list[dict]:
                  floor=30, expect=28),
             dict(at_512, label="bert_base-512-unpad-true", sets=at_512["sets"] + ["model.unpad=true"], cap=45,
                  floor=25, expect=30),
-            # bert_large-128 with 4 loader workers (data.num_workers auto was 4 on a GPU until the H200 run of
-            # 2026-11-26 measured 80 ms a step with them and 68 with none): last, when time is left (EXTRA_RUNS)
+            # bert_large-128 with 4 loader workers (data.num_workers: auto is 0): last, when time is left
             dict(common, label="bert_large-128-workers-4", config="bert_large", seq=128, batch=128,
                  bare=("bert-large", 128), steps=150, last=100, cap=50, floor=0, expect=35, min_start=40,
                  optional=True, sets=common["sets"] + ["data.num_workers=4"]),
-            # the real loop compiled: last (after part 5's compiled bare step), if 100 s or more are left; at
-            # bert_large, whose eager loop the host limits (bert_base's compiled loop ran at 0.95x its eager one on
-            # the H200, 2026-11-26): compiled layers run far fewer host ops a step
+            # the real loop compiled (train.compile: auto compiles runs of 5,000 steps or more on a GPU), after part
+            # 5's compiled bare step, if 100 s or more are left; at bert_large, whose eager loop the host limits
             dict(common, label="bert_large-128-compile", config="bert_large", seq=128, batch=128,
                  bare=("bert-large", 128), steps=80, log_every=10, last=50, cap=300, floor=0, expect=115, grace=25,
-                 min_start=100, optional=True, sets=common["sets"] + ["train.compile=true"])]
+                 min_start=100, optional=True, sets=common["sets"] + ["train.compile=true"]),
+            # the same with 4 loader workers: on the H200 (2026-11-27) the compiled loop above ran at 0.83 of the
+            # compiled bare step, 7.7% of its time making batches in the training process. Its layers come from
+            # inductor's cache of the run before (a few seconds to compile)
+            dict(common, label="bert_large-128-compile-workers-4", config="bert_large", seq=128, batch=128,
+                 bare=("bert-large", 128), steps=80, log_every=10, last=50, cap=150, floor=0, expect=60, grace=25,
+                 min_start=55, optional=True, sets=common["sets"] + ["train.compile=true", "data.num_workers=4"])]
 
 
 def step_shapes(quick: bool) -> list[tuple[str, int]]:
@@ -119,10 +125,8 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# optional, when time is left: the Triton LayerNorm's A/B (a process of its own, so that an untried kernel cannot
-# take part 1's figures with it) after part 5's compiled step and before its compiled bert_large loop (the A/B judges
-# the bert-large target; the compiled loop is a diagnostic), then part 2's diagnostic run, last
-EXTRA_RUNS = ("gpu_step-triton-layer-norm", "bert_large-128-workers-4")
+# optional, when time is left, after part 5's runs: part 2's diagnostic run
+EXTRA_RUNS = ("bert_large-128-workers-4",)
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
@@ -138,7 +142,7 @@ def target_shapes(quick: bool) -> dict:
 
 def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6, 7), then the optional ones: the
-    compiled step, the Triton LayerNorm's A/B, the compiled loop, 4 loader workers."""
+    compiled step, the compiled loop (with 0, then 4 loader workers), the eager loop with 4 workers."""
     bench, results, data = ROOT / "benchmarks", scratch / "results", data_dirs(scratch)
     workers = 2 if quick else max(1, min(16, os.cpu_count() or 1))
     prepare = [PY, "-m", "bertrain", "prepare", "--recipe", "pydoc"]
@@ -161,12 +165,6 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
         else ["--rounds", "3"]
     # ours with per-weight casts beside it: 10 more steps a row (~5 s on the H200, where part 1 took 48 s on 2026-11-26)
     commands.append(Command("1", "gpu_step", step, 150, 60, 65, "step.log"))
-    triton = [PY, bench / "gpu_step.py", "--triton-layer-norm", "--results", results / "1-triton.jsonl"] + (
-        ["--device", device, "--shapes", "tiny", "--seqs", "32", "--batch", "4", "--rounds", "1", "--repeats", "1",
-         "--gemm-size", "256"] if quick else ["--shapes", "bert-large,albert-large", "--seqs", "128", "--rounds", "3"])
-    # two rows of part 1 and the Triton kernels' builds (a trial of each variant, then each at width 1,024)
-    commands.append(Command("1", "gpu_step-triton-layer-norm", triton, 90, 0, 35, "step.log", min_start=25,
-                            optional=True))
     for run in pretrain_runs(quick):
         compiling = "compile" in run["label"]
         argv = [PY, bench / "gpu_pretrain.py", "--last", run["last"], "--label", run["label"], "--results",
@@ -220,10 +218,10 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
                  Command("7", "profile", profile, 45, 20, 17, "step.log"),
                  Command("5", "gpu_step-compile", step_compiled, 170, 0, 120, "compile.log", min_start=90,
                          optional=True)]
-    compile_runs = [c for c in commands if c.part == "5"]  # the pretrain run's, then the step's
+    compile_runs = [c for c in commands if c.part == "5"]  # the pretrain runs', then the step's
     extra = [c for c in commands if c.label in EXTRA_RUNS]
     main = [c for c in commands if c.part != "5" and c not in extra]
-    return main + compile_runs[-1:] + extra[:1] + compile_runs[:-1] + extra[1:]
+    return main + compile_runs[-1:] + compile_runs[:-1] + extra
 
 
 class Stopped(Exception):

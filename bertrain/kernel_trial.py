@@ -1,4 +1,4 @@
-"""A GPU kernel of ours tried once per process before a run relies on it (LAMB's and LayerNorm's Triton kernels)."""
+"""A GPU kernel of ours tried once per process before a run relies on it (LAMB's Triton kernels)."""
 
 from __future__ import annotations
 

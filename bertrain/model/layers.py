@@ -13,7 +13,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertrain.batch_layout import Packing, buckets_of
-from bertrain.model import layer_norm_triton
 
 
 def activation(name: str):
@@ -43,28 +42,21 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, dropout_prob: float = 0.0) -> torch.Tensor:
-        """LN(x), or LN(residual + dropout(x)) when a residual is given: in one Triton kernel where
-        BERTRAIN_LAYER_NORM=triton chose it. weight, bias: this module's parameters as EncoderLayer.weights gives
-        them (None: the parameters)."""
+        """LN(x), or LN(residual + dropout(x)) when a residual is given. weight, bias: this module's parameters as
+        EncoderLayer.weights gives them (None: the parameters)."""
         weight = self.weight if weight is None else weight
         bias = self.bias if bias is None else bias
-        device = x.device.type
-        half = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         if residual is not None:
-            if (half is not None and not self.float32_residual and x.dtype == residual.dtype == half
-                    and layer_norm_triton.runs(x)):
-                p = dropout_prob if self.training else 0.0
-                with torch.autocast(device, enabled=False):
-                    return layer_norm_triton.TritonLayerNorm.apply(x, weight.to(half), bias.to(half), self.eps,
-                                                                   residual, p)
             x = residual + dropout(x, dropout_prob, self.training)
-        if half is None:
+        device = x.device.type
+        if not torch.is_autocast_enabled(device):
             return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        half = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):  # autocast's own choice differs by device (CPU keeps the input's)
             if self.float32_residual or x.dtype != half:  # a float32 input (the embeddings' sum) is normalized as is
                 y = F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
                 return y if self.float32_residual else y.to(half)
-            return layer_norm_triton.layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
+            return F.layer_norm(x, self.normalized_shape, weight.to(half), bias.to(half), self.eps)
 
 
 class Embeddings(nn.Module):
