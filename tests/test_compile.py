@@ -74,7 +74,7 @@ def steps_until_stable(model, compiled, steps: int = 10) -> list[int]:
     return graphs
 
 
-def compiled_twin(kind: str, attention: str, monkeypatch, **changes):
+def compiled_twin(kind: str, attention: str, monkeypatch, backend: str = "eager", **changes):
     """(model, a copy with compile_layers applied) for the attention path; `changes`: to the model config."""
     if attention == "packed: variable-length kernel":
         monkeypatch.setattr(layers, "varlen_flash_available", lambda qkv, num_heads: True)
@@ -86,7 +86,7 @@ def compiled_twin(kind: str, attention: str, monkeypatch, **changes):
     torch._dynamo.reset()
     counters.clear()
     layer_modules = config.num_hidden_layers if kind == "bert" else config.num_hidden_groups * config.inner_group_num
-    assert compile_layers(compiled, backend="eager") == layer_modules  # ALBERT's shared layers once each
+    assert compile_layers(compiled, backend=backend) == layer_modules  # ALBERT's shared layers once each
     return model, compiled
 
 
@@ -96,6 +96,26 @@ def test_compiled_layers_reach_fixed_graphs_and_the_eager_results(kind, attentio
     graphs = steps_until_stable(*compiled_twin(kind, attention, monkeypatch))
     assert graphs[0] > 0  # the layers did go through torch.compile
     assert graphs[2] == graphs[-1], f"new graphs after step 2: {graphs}"
+
+
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_compiled_layers_take_autocasts_weight_copies_whole(kind, monkeypatch):
+    """Under bf16 autocast a shared ALBERT layer takes run_steps' half-precision copies of its weights as inputs, a
+    BERT layer makes its own, and ParameterCopies hands them to the ops as views: AOTAutograd ("aot_eager": its
+    forward and backward graphs, run by torch's kernels) captures both with no graph break and gives the eager
+    model's loss and gradients."""
+    model, compiled = compiled_twin(kind, "padded", monkeypatch, backend="aot_eager")
+    batch = make_batch([5, WIDTH, 3, 9, 1, 12, WIDTH - 1, 7], seed=3)
+    losses = []
+    for m in (model, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(**batch, mlm_normalizer=1.0, sentence_normalizer=8.0).loss
+        loss.backward()
+        losses.append(loss.detach())
+    assert counters["stats"]["unique_graphs"] > 0 and not counters["graph_break"], dict(counters["graph_break"])
+    assert_rounding_close(losses[1], losses[0], WIDTH * 8, dtype=torch.bfloat16, name="loss")
+    for (name, a), b in zip(model.named_parameters(), compiled.parameters()):
+        assert_rounding_close(b.grad, a.grad, WIDTH * 8, dtype=torch.bfloat16, name=f"gradient of {name}")
 
 
 @pytest.mark.parametrize("attention", ["padded", "packed: variable-length kernel"])

@@ -1,5 +1,6 @@
-"""Each encoder layer's weights cast to autocast's half type in one kernel (EncoderLayer.weights, CastWeights)
-against autocast casting each weight itself: the same computation, fewer kernels."""
+"""Each encoder layer's weights copied to autocast's half type in one kernel, once a forward (run_steps,
+EncoderLayer.weight_copies, ParameterCopies), against autocast casting each weight itself: the same computation,
+fewer kernels; a shared ALBERT layer's applications share the copies and still sum their gradients in float32."""
 
 from __future__ import annotations
 
@@ -66,9 +67,9 @@ def test_bert_gets_bitwise_the_same_loss_and_gradients_from_fewer_casts(options)
 
 
 def test_albert_sums_a_shared_layers_gradients_in_float32():
-    """Each application casts its own copy, so the applications' gradients meet in float32 (AccumulateGrad), where
-    autocast's one cached cast per forward summed them in bf16: one application is bitwise the same, several agree
-    within bf16 rounding of that sum."""
+    """Each application's gradients go back to the float32 parameters on their own, so they meet in float32
+    (AccumulateGrad), where autocast's one cached cast per forward summed them in bf16: one application is bitwise
+    the same, several agree within bf16 rounding of that sum."""
     batch = padded_batch()
     single = dataclasses.replace(CONFIGS["albert"], num_hidden_layers=1)
     loss, grads, _ = bf16_step(single, False, batch)
@@ -79,7 +80,9 @@ def test_albert_sums_a_shared_layers_gradients_in_float32():
     loss, grads, _ = bf16_step(shared, False, batch)
     fused_loss, fused_grads, ops = bf16_step(shared, True, batch)
     assert fused_loss == loss  # the forward is the same computation
-    assert ops["forward"]["_foreach_copy_"] == shared.num_hidden_layers
+    # one copy a forward of the shared layer, each application's gradients cast back on their own
+    assert ops["forward"]["_foreach_copy_"] == shared.num_hidden_groups * shared.inner_group_num == 1
+    assert ops["backward"]["_foreach_copy_"] == shared.num_hidden_layers > 1
     assert any(not torch.equal(fused_grads[n], g) for n, g in grads.items() if ".groups." in n)
     for name, grad in grads.items():
         assert_rounding_close(fused_grads[name], grad, shared.num_hidden_layers, dtype=torch.bfloat16, name=name)
@@ -93,3 +96,24 @@ def test_without_autocast_a_layer_computes_with_its_parameters():
         cast = layer.weights()
     assert cast.qkv[0].dtype == cast.attention_norm[0].dtype == torch.bfloat16
     assert torch.equal(cast.up[0], layer.feed_forward.up.weight.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("options", [{}, {"gradient_checkpointing": True}], ids=["plain", "checkpointed"])
+def test_albert_applications_sharing_one_copy_equal_each_copying_its_own(options, monkeypatch):
+    """run_steps copies a shared layer's weights once a forward, for its applications and their recomputations; a
+    copy per application (each forward ignoring the shared copies, as every application cast its own before) is the
+    same computation: bitwise the same."""
+    config = dataclasses.replace(CONFIGS["albert"], **options)
+    batch = padded_batch()
+    shared_loss, shared_grads, shared_ops = bf16_step(config, True, batch)
+    forward = EncoderLayer.forward
+    monkeypatch.setattr(EncoderLayer, "forward", lambda self, x, where, rows=None, copies=None: forward(
+        self, x, where, rows))
+    loss, grads, ops = bf16_step(config, True, batch)
+    assert shared_loss == loss and all(torch.equal(shared_grads[n], g) for n, g in grads.items())
+    applications = config.num_hidden_layers
+    recomputed = applications if config.gradient_checkpointing else 0
+    # each application's own copy: in the forward and again in each recomputation (run_steps' copy unused)
+    assert ops["forward"]["_foreach_copy_"] == applications + 1 and shared_ops["forward"]["_foreach_copy_"] == 1
+    assert ops["backward"]["_foreach_copy_"] == applications + recomputed
+    assert shared_ops["backward"]["_foreach_copy_"] == applications

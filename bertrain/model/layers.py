@@ -3,6 +3,7 @@ I intermediate, V vocabulary, N predicted positions."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 from typing import NamedTuple
@@ -105,18 +106,26 @@ class LayerWeights(NamedTuple):
     output_norm: Pair
 
 
-class CastWeights(torch.autograd.Function):
-    """Tensors → copies in `dtype`, all in one kernel (torch._foreach_copy_); the copies' gradients back to each
-    tensor's dtype, in one kernel. Autocast casts each weight, and each gradient back, in a kernel and host op of its
-    own: ~600 a bert-large step, in a loop the H200 trace found host-bound (2026-11-26)."""
-
-    @staticmethod
-    def forward(ctx, dtype: torch.dtype, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.set_materialize_grads(False)
-        ctx.dtypes = [t.dtype for t in tensors]
+def half_copies(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Copies of `tensors` in `dtype`, all in one kernel (torch._foreach_copy_), outside autograd: ParameterCopies
+    connects each use to its parameter. Autocast casts each weight in a kernel and host op of its own: ~600 a
+    bert-large step, in a loop the H200 trace found host-bound (2026-11-26)."""
+    with torch.no_grad():
         copies = [torch.empty_like(t, dtype=dtype) for t in tensors]
         torch._foreach_copy_(copies, tensors)
-        return tuple(copies)
+    return copies
+
+
+class ParameterCopies(torch.autograd.Function):
+    """(parameters, their half_copies) → the copies, for one application of a layer; backward: the copies' gradients
+    cast back to the parameters' dtype, in one kernel. Each application of a shared ALBERT layer has its own, so its
+    applications' gradients meet in float32 (AccumulateGrad), not in bf16 as on one copy (autocast's cached casts)."""
+
+    @staticmethod
+    def forward(ctx, count: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)
+        ctx.dtypes = [t.dtype for t in tensors[:count]]
+        return tuple(half.view_as(half) for half in tensors[count:])  # views: no copy here
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -127,7 +136,7 @@ class CastWeights(torch.autograd.Function):
         out: list[torch.Tensor | None] = [None] * len(grads)
         for i, result in zip(given, results):
             out[i] = result
-        return (None, *out)
+        return (None, *out, *[None] * len(grads))  # nothing for the copies: they are not parameters
 
 
 class SelfAttention(nn.Module):
@@ -278,25 +287,37 @@ class EncoderLayer(nn.Module):
         self.dropout_prob = config.hidden_dropout_prob
         self.fused_weight_cast = True  # False: autocast casts each weight (PreTrainingModel's option, for comparison)
 
-    def weights(self) -> LayerWeights:
-        """The parameters as this forward uses them: under autocast, the ones it computes with in half precision
-        copied to it by one CastWeights (autocast would cast each in its own kernel); else the parameters."""
-        attention, feed_forward = self.attention, self.feed_forward
-        tensors = [attention.qkv.weight, attention.qkv.bias, attention.output.weight, attention.output.bias,
-                   feed_forward.up.weight, feed_forward.up.bias, feed_forward.down.weight, feed_forward.down.bias,
-                   self.attention_norm.weight, self.attention_norm.bias, self.output_norm.weight, self.output_norm.bias]
-        device = tensors[0].device.type
-        if self.fused_weight_cast and torch.is_autocast_enabled(device):
-            # the linears', and the LayerNorms' but for float32_residual's (float32, with float32 parameters)
-            cast = 8 if self.attention_norm.float32_residual else 12
-            tensors[:cast] = CastWeights.apply(torch.get_autocast_dtype(device), *tensors[:cast])
+    def parameter_list(self) -> list[torch.Tensor]:
+        """The weights and biases in LayerWeights' order."""
+        modules = (self.attention.qkv, self.attention.output, self.feed_forward.up, self.feed_forward.down,
+                   self.attention_norm, self.output_norm)
+        return [tensor for module in modules for tensor in (module.weight, module.bias)]
+
+    def weight_copies(self) -> list[torch.Tensor] | None:
+        """Under autocast, half_copies of the parameters this layer computes with in half precision: the linears',
+        and the LayerNorms' but for float32_residual's (float32, with float32 parameters). None without autocast, or
+        where fused_weight_cast is off (autocast then casts each weight)."""
+        device = self.attention.qkv.weight.device.type
+        if not (self.fused_weight_cast and torch.is_autocast_enabled(device)):
+            return None
+        cast = 8 if self.attention_norm.float32_residual else 12
+        return half_copies(self.parameter_list()[:cast], torch.get_autocast_dtype(device))
+
+    def weights(self, copies: list[torch.Tensor] | None = None) -> LayerWeights:
+        """The parameters as this application uses them: under autocast, `copies` (this forward's weight_copies(),
+        made here when not given) through ParameterCopies; else the parameters."""
+        tensors = self.parameter_list()
+        copies = self.weight_copies() if copies is None else copies
+        if copies is not None:
+            tensors[:len(copies)] = ParameterCopies.apply(len(copies), *tensors[:len(copies)], *copies)
         pairs = iter(tensors)
         return LayerWeights(*zip(pairs, pairs))  # (weight, bias) after (weight, bias), in LayerWeights' order
 
-    def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """`where` and `rows`: see SelfAttention.forward; the output has the rows of x, or `rows` only."""
-        w = self.weights()  # in each application of a shared ALBERT layer: its gradients then sum in float32
+    def forward(self, x: torch.Tensor, where: torch.Tensor | Packing | None, rows: torch.Tensor | None = None,
+                copies: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """`where` and `rows`: see SelfAttention.forward; the output has the rows of x, or `rows` only. `copies`:
+        this forward's weight_copies(), shared by the layer's applications (made here when not given)."""
+        w = self.weights(copies)
         attended, residual = self.attention(x, where, rows, w.qkv, w.output)
         x = self.attention_norm(attended, *w.attention_norm, residual=residual, dropout_prob=self.dropout_prob)
         fed = self.feed_forward(x, w.up, w.down)
@@ -305,13 +326,18 @@ class EncoderLayer(nn.Module):
 
 def run_steps(steps: list[nn.Module], x: torch.Tensor, where: torch.Tensor | Packing | None, checkpointing: bool,
               rows: torch.Tensor | None) -> torch.Tensor:
-    """Apply the encoder's layers in order, only the last one at `rows` (optionally checkpointed)."""
+    """Apply the encoder's layers in order, only the last one at `rows` (optionally checkpointed). A layer applied
+    more than once (ALBERT's shared ones) has its half-precision copies made once, here, for all its applications
+    and their recomputations; one applied once (BERT's) makes them in its forward, after any hook that gathers its
+    parameters (a sharded layer's are only whole there)."""
+    applications = collections.Counter(steps)
+    copies = {layer: layer.weight_copies() for layer, count in applications.items() if count > 1}
     for i, layer in enumerate(steps):
         last_rows = rows if i == len(steps) - 1 else None
         if checkpointing and torch.is_grad_enabled():
-            x = checkpoint(layer, x, where, last_rows, use_reentrant=False)
+            x = checkpoint(layer, x, where, last_rows, copies.get(layer), use_reentrant=False)
         else:
-            x = layer(x, where, last_rows)
+            x = layer(x, where, last_rows, copies.get(layer))
     return x
 
 
