@@ -4,12 +4,12 @@
 #
 #   bash benchmarks/gpu_compile_probe.sh OUT_DIR           # the 2026-11-27 call (about 170 s on an H200; output in
 #                                                          # benchmarks/results/gpu_compile_2026-11-27_h200.log)
-#   bash benchmarks/gpu_compile_probe.sh OUT_DIR --next    # what that call left open (about 130 s)
+#   bash benchmarks/gpu_compile_probe.sh OUT_DIR --next    # what that call left open (about 160 s)
 #
 # The first: bert_base at seq 128 and 512 and albert_base (LAMB) at 128 compiled, and albert_base eager (that call
 # also timed the Triton LayerNorm, since removed: no win). --next: bert_large's compiled loop with
-# model.unpad false (static shapes), and bert_base's with 4 loader workers; the suite's part 5 now runs bert_large's
-# compiled loop with 0 and with 4 workers itself.
+# model.unpad false (static shapes), bert_base's with 4 loader workers (the suite's part 5 now runs bert_large's
+# compiled loop with 0 and with 4 workers itself), and ALBERT's shared weight copies (benchmarks/shared_copies.py).
 set -u
 out="${1:?usage: bash benchmarks/gpu_compile_probe.sh OUT_DIR [--next]}"; mkdir -p "$out"; PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD WANDB_MODE=disabled
@@ -33,6 +33,11 @@ run() {  # label limit last steps config batch seq sets...
 if [ "${2:-}" = --next ]; then
   run bert_large-128-compile-unpad-false 50 100 150 bert_large 128 128 train.compile=true model.unpad=false
   run bert_base-128-compile-workers-4 50 150 250 bert_base 256 128 train.compile=true data.num_workers=4
+  # ALBERT's shared weight copies against a copy per application, at albert-large seq 512 (where one cast per
+  # application ran at 0.88x autocast's cached casts on the H200)
+  timeout 120 $PY benchmarks/shared_copies.py --device cuda --config albert_large --batch 16 --seq 512 --rounds 5 \
+    > "$out/shared_copies.log" 2>&1
+  echo "shared_copies: exit $? at $SECONDS s" | tee -a "$out/probe.log"; tail -4 "$out/shared_copies.log" >> "$out/probe.log"
 else
   run bert_base-128-compile 50 150 250 bert_base 256 128 train.compile=true
   run albert_base-128-eager 25 100 150 albert_base 256 128

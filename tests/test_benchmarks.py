@@ -75,6 +75,17 @@ def test_adamw_host_benchmark_times_torchs_step_ours_and_the_kernels():
     assert rows["torch's AdamW(fused=True)"][-1] == 1.0 and all(ms > 0 for ms, ratio in rows.values())
 
 
+def test_shared_copies_benchmark_holds_fewer_bytes_for_the_backward():
+    """tiny_albert applies its one layer twice: the shared copies keep one bf16 copy of it for the backward where a
+    copy per application keeps two."""
+    out = run("shared_copies.py", "--config", "tiny_albert", "--batch", "2", "--seq", "32", "--rounds", "1")
+    rows = {line[2:18].strip(): numbers(line[18:]) for line in out.splitlines() if line.startswith("  ")
+            and not line.startswith("  copies") and not line.startswith("  shared copies:")}
+    assert set(rows) == {"shared", "per application"} and all(ms > 0 for ms, _ in rows.values()), out
+    layer_mb = 2 * (4 * 128 * 128 + 2 * 128 * 512 + 9 * 128 + 512) / 2**20  # its 12 tensors in bf16
+    assert abs(rows["per application"][1] - rows["shared"][1] - layer_mb) < 0.11, out  # printed to 0.1 MB
+
+
 @pytest.mark.slow  # ~60 s on the shared 2-core CPU
 def test_optimizer_step_prints_lamb_against_fused_adamw():
     out = run("optimizer_step.py", "--config", "tiny_bert", "--rounds", "2", "--per-parameter")
