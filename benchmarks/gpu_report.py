@@ -250,6 +250,12 @@ def part5(state, commands, results) -> list[str]:
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]
+    for run in runs[1:]:  # the same compiled loop with loader workers: what data.num_workers: auto would gain
+        r = found.get(run["label"])
+        if compiled and r and compiled.get("tokens_per_s") and r.get("tokens_per_s"):
+            waits = [fmt(x.get("data_wait_share") and 100 * x["data_wait_share"], ".1f", "%") for x in (compiled, r)]
+            out += ["", f"With {workers(run)}: {r['tokens_per_s'] / compiled['tokens_per_s']:.2f}x the compiled "
+                    f"loop's real tokens/s without them (data wait {waits[0]} → {waits[1]})."]
     return out + compiled_step(state, commands, results)
 
 
