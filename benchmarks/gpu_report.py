@@ -303,16 +303,28 @@ def part7(state, commands, results) -> list[str]:
              ""] + table(["group", "ms per step", "share"], [[g, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
                                                              for g, ms in groups]) + [""]
             + table(["op", "ms per step", "share"], [[n, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
-                                                     for n, ms in ops]) + loop_against_bare(results, r))
+                                                     for n, ms in ops]) + loop_against_bare(results, r)
+            + compiled_loop_against_bare(results))
 
 
-def loop_against_bare(results, bare: dict) -> list[str]:
-    """Part 2's profiled loop steps (gpu_pretrain.py --profile) against the bare step above, per real token."""
-    run = next((r for r in results.get("2", []) if r.get("profile")), None)
+def compiled_loop_against_bare(results) -> list[str]:
+    """Part 5's profiled compiled loop against the compiled bare step's profile (gpu_profile.py --compile)."""
+    bare = (results.get("7-compile") or [None])[0]
+    if bare is None:
+        return ["", "**The compiled loop's step against the compiled bare step**: not measured (the profile-compile "
+                "command did not run, or failed: step.log)."]
+    return loop_against_bare(results, bare, compiled=True)
+
+
+def loop_against_bare(results, bare: dict, compiled: bool = False) -> list[str]:
+    """Part 2's profiled loop steps (gpu_pretrain.py --profile) against the bare step above, per real token; or,
+    `compiled`, part 5's compiled loop's against the compiled bare step's (part 5's step time)."""
+    run_part, step_part = ("5", "5-step") if compiled else ("2", "1")
+    run = next((r for r in results.get(run_part, []) if r.get("profile")), None)
     if run is None:
         return []
     loop, bare_tokens = run["profile"], bare["batch"] * bare["seq"]
-    bare_step_ms = 1e3 * step_rows(results).get((bare["shape"], bare["seq"]), {}).get("ours", 0.0)
+    bare_step_ms = 1e3 * step_rows(results, step_part).get((bare["shape"], bare["seq"]), {}).get("ours", 0.0)
 
     def rows(loop_ms: dict, bare_ms: dict, names) -> list[list[str]]:
         out = []
@@ -331,15 +343,23 @@ def loop_against_bare(results, bare: dict) -> list[str]:
     ops = sorted(set(loop["ops_ms"]) | set(bare["ops_ms"]), key=lambda o: -abs(gap(loop["ops_ms"], bare["ops_ms"], o)))
     header = ["", "loop ms per step", "bare ms per step", "loop ms per 1M tokens", "bare ms per 1M tokens",
               "difference per 1M tokens"]
-    inside = (" They fell inside its measured steps, whose figures in part 2 therefore hold the profiler's cost."
-              if loop["in_measured_steps"] else "")
-    return (["", f"**The loop's step against the bare step.** `bertrain pretrain`'s {run['label']} run (part 2) "
-             f"profiled whole loop steps {loop['steps'][0]}-{loop['steps'][1]} (batch transfer, forward, backward, "
-             f"clipping, optimizer; `gpu_pretrain.py --profile`), {loop['tokens']:,.0f} real tokens a step, against "
-             f"the bare step above ({bare_tokens:,} tokens a step, no padding), per million real tokens; a positive "
-             f"difference is time the loop spends beyond the bare step. step (measured): part 2's step time over "
-             f"its measured steps and part 1's bare step (no profiler); device idle: that step less its ops' device "
-             f"time, the time the device waited (for the host, a sync or the data).{inside}", ""]
+    inside = (f" They fell inside its measured steps, whose figures in part {run_part} therefore hold the profiler's "
+              f"cost." if loop["in_measured_steps"] else "")
+    if compiled:
+        title = (f"**The compiled loop's step against the compiled bare step.** The same with train.compile's "
+                 f"compiled layers: part 5's {run['label']} run, loop steps {loop['steps'][0]}-{loop['steps'][1]}, "
+                 f"{loop['tokens']:,.0f} real tokens a step, against `gpu_profile.py --compile` at {bare['shape']} seq "
+                 f"{bare['seq']} batch {bare['batch']}; step (measured): part 5's run and its compiled bare step. "
+                 f"Inductor's Triton kernels are counted by name, each in the group of the first op its name lists.")
+    else:
+        title = (f"**The loop's step against the bare step.** `bertrain pretrain`'s {run['label']} run (part 2) "
+                 f"profiled whole loop steps {loop['steps'][0]}-{loop['steps'][1]} (batch transfer, forward, "
+                 f"backward, clipping, optimizer; `gpu_pretrain.py --profile`), {loop['tokens']:,.0f} real tokens a "
+                 f"step, against the bare step above ({bare_tokens:,} tokens a step, no padding), per million real "
+                 f"tokens; a positive difference is time the loop spends beyond the bare step. step (measured): part "
+                 f"2's step time over its measured steps and part 1's bare step (no profiler); device idle: that step "
+                 f"less its ops' device time, the time the device waited (for the host, a sync or the data).")
+    return (["", title + inside, ""]
             + table(header, rows(loop["groups_ms"], bare["groups_ms"], groups)
                     + rows({"all ops": loop["total_ms"], "step (measured)": run.get("step_ms", 0.0),
                             "device idle (step - ops)": run.get("step_ms", 0.0) - loop["total_ms"]},

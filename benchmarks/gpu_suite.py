@@ -82,7 +82,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
                      time_limit=1, min_steps=12),
                 dict(common, label="bert_large-128-workers-4", optional=True,  # 2 workers on a 2-core test machine
                      sets=common["sets"] + ["data.num_workers=2"]),
-                dict(common, label="bert_large-128-compile", steps=10, last=5, optional=True,
+                dict(common, label="bert_large-128-compile", steps=10, last=5, optional=True, profile="2:2",
                      sets=common["sets"] + ["train.compile=true"]),
                 dict(common, label="bert_large-128-compile-workers-4", steps=10, last=5, optional=True,
                      sets=common["sets"] + ["train.compile=true", "data.num_workers=2"])]
@@ -106,10 +106,11 @@ def pretrain_runs(quick: bool) -> list[dict]:
                  bare=("bert-large", 128), steps=150, last=100, cap=50, floor=0, expect=35, min_start=40,
                  optional=True, sets=common["sets"] + ["data.num_workers=4"]),
             # the real loop compiled (train.compile: auto compiles runs of 5,000 steps or more on a GPU), after part
-            # 5's compiled bare step, if 100 s or more are left; at bert_large, whose eager loop the host limits
+            # 5's compiled bare step, if 100 s or more are left; at bert_large, whose eager loop the host limits.
+            # Profiled (3 steps after its compiling, before the measured ones) against part 7's compiled bare step
             dict(common, label="bert_large-128-compile", config="bert_large", seq=128, batch=128,
                  bare=("bert-large", 128), steps=80, log_every=10, last=50, cap=300, floor=0, expect=115, grace=25,
-                 min_start=100, optional=True, sets=common["sets"] + ["train.compile=true"]),
+                 min_start=100, optional=True, profile="20:3", sets=common["sets"] + ["train.compile=true"]),
             # the same with 4 loader workers: on the H200 (2026-11-27) the compiled loop above ran at 0.83 of the
             # compiled bare step, 7.7% of its time making batches in the training process. Its layers come from
             # inductor's cache of the run before (a few seconds to compile)
@@ -125,8 +126,8 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# optional, when time is left, after part 5's runs: part 2's diagnostic run
-EXTRA_RUNS = ("bert_large-128-workers-4",)
+# optional, when time is left, after part 5's runs: the compiled bare step's profile, then part 2's diagnostic run
+EXTRA_RUNS = ("profile-compile", "bert_large-128-workers-4")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
@@ -142,7 +143,8 @@ def target_shapes(quick: bool) -> dict:
 
 def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6, 7), then the optional ones: the
-    compiled step, the compiled loop (with 0, then 4 loader workers), the eager loop with 4 workers."""
+    compiled step, the compiled loop (with 0, then 4 loader workers), the compiled step's profile, the eager loop
+    with 4 workers."""
     bench, results, data = ROOT / "benchmarks", scratch / "results", data_dirs(scratch)
     workers = 2 if quick else max(1, min(16, os.cpu_count() or 1))
     prepare = [PY, "-m", "bertrain", "prepare", "--recipe", "pydoc"]
@@ -204,6 +206,9 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     profile = [PY, bench / "gpu_profile.py", "--results", results / "7.jsonl"] + (
         ["--device", device, "--shape", "tiny", "--seq", "32", "--batch", "4", "--steps", "1"] if quick
         else ["--shape", "bert-large", "--seq", "128"])
+    # the same with compiled layers, against part 5's profiled compiled loop (its layers from inductor's cache)
+    profile_compiled = [a if a != results / "7.jsonl" else results / "7-compile.jsonl" for a in profile] + (
+        ["--compile", "--compile-backend", "eager"] if quick else ["--compile"])
     # part 1's step with train.compile's compiled layers, beside part 1's eager step
     step_compiled = [PY, bench / "gpu_step.py", "--compile", "--results", results / "5-step.jsonl"] + (
         ["--device", device, "--shapes", "tiny", "--seqs", "32", "--batch", "4", "--rounds", "1", "--repeats", "1",
@@ -217,9 +222,10 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
                  Command("6", "check-resume", resume, 120, 75, 40, "checks.log"),
                  Command("7", "profile", profile, 45, 20, 17, "step.log"),
                  Command("5", "gpu_step-compile", step_compiled, 170, 0, 120, "compile.log", min_start=90,
-                         optional=True)]
+                         optional=True),
+                 Command("7", "profile-compile", profile_compiled, 60, 0, 25, "step.log", min_start=25, optional=True)]
     compile_runs = [c for c in commands if c.part == "5"]  # the pretrain runs', then the step's
-    extra = [c for c in commands if c.label in EXTRA_RUNS]
+    extra = sorted((c for c in commands if c.label in EXTRA_RUNS), key=lambda c: EXTRA_RUNS.index(c.label))
     main = [c for c in commands if c.part != "5" and c not in extra]
     return main + compile_runs[-1:] + compile_runs[:-1] + extra
 

@@ -58,13 +58,20 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
     assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5", "5",
-                                                                          "2"]
-    assert [c.label for c in commands[-4:]] == ["gpu_step-compile", "bert_large-128-compile",
-                                                "bert_large-128-compile-workers-4", "bert_large-128-workers-4"]
+                                                                          "7", "2"]
+    assert [c.label for c in commands[-5:]] == ["gpu_step-compile", "bert_large-128-compile",
+                                                "bert_large-128-compile-workers-4", "profile-compile",
+                                                "bert_large-128-workers-4"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-4]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-4:]) and not any(c.optional for c in commands[:-4])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-4].min_start)
+    before_compile = sum(c.expect for c in commands[:-5]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-5:]) and not any(c.optional for c in commands[:-5])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-5].min_start)
+    # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
+    compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
+    assert "--profile" in compiled_loop.argv and "--compile" in commands[-2].argv
+    start, count = map(int, compiled_loop.argv[compiled_loop.argv.index("--profile") + 1].split(":"))
+    assert start + count <= 80 - 50 and str(commands[-2].argv[commands[-2].argv.index("--results") + 1]).endswith(
+        "7-compile.jsonl")
     for command in commands:
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
@@ -97,13 +104,14 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     for command in commands:
         command.status = "ok"
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the extra run
-    commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
+    commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
+    commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-4].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-5].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-5].status = "timed out after 45 s"
+    commands[-6].status = "timed out after 45 s"  # part 7's eager profile is not optional
     assert gpu_suite.suite_failed({}, commands)
-    commands[-5].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-6].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -167,6 +175,10 @@ def fake_gpu_results(runs: list[dict]) -> dict:
     pretrain[1]["profile"] = dict(steps=[41, 43], tokens=12_800.0, total_ms=56.0, in_measured_steps=False,
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
+    # bert_large-128-compile's: 44 ms of device time in its 60 ms step
+    pretrain[5]["profile"] = dict(steps=[21, 23], tokens=12_800.0, total_ms=44.0, in_measured_steps=False,
+                                  groups_ms={"GEMM": 28.16, "normalization": 15.84},
+                                  ops_ms={"aten::mm": 28.16, "triton_per_fused_native_layer_norm_0": 15.84})
     eager = [r for r in pretrain if "compile" not in r["label"]]
     return {"1": step, "2": eager,
             "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
@@ -186,7 +198,10 @@ def fake_gpu_results(runs: list[dict]) -> dict:
             "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
                        if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
             "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=40.96,
-                       groups_ms={"GEMM": 32.768, "other": 8.192}, ops_ms={"aten::mm": 32.768, "aten::add": 8.192})]}
+                       groups_ms={"GEMM": 32.768, "other": 8.192}, ops_ms={"aten::mm": 32.768, "aten::add": 8.192})],
+            "7-compile": [dict(shape="bert-large", seq=128, batch=128, compiled=True, total_ms=36.864,
+                               groups_ms={"GEMM": 32.768, "normalization": 4.096},
+                               ops_ms={"aten::mm": 32.768, "triton_per_fused_native_layer_norm_0": 4.096})]}
 
 
 def test_the_report_renders_every_gpu_section(tmp_path):
@@ -243,13 +258,21 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert kernels[-1][1] == "**did not build**"
     # per 1M real tokens: GEMM 28.16 ms / 12,800 tokens = 2,200.0 against 32.768 / 16,384 = 2,000.0; the loop's
     # clipping has no bare counterpart; steps: 60 ms (part 2) and 50 ms (part 1's 0.05 s), less the ops' time
-    loop = {row[0]: row[1:] for row in table_rows(report, "**The loop's step against the bare step.**")}
+    eager_part = report.split("**The compiled loop's step")[0]
+    loop = {row[0]: row[1:] for row in table_rows(eager_part, "**The loop's step against the bare step.**")}
     assert loop["GEMM"] == ["28.16", "32.77", "2200.0", "2000.0", "+200.0"]
     assert loop["all ops"] == ["56.00", "40.96", "4375.0", "2500.0", "+1875.0"]
     assert loop["step (measured)"] == ["60.00", "50.00", "4687.5", "3051.8", "+1635.7"]
     assert loop["device idle (step - ops)"] == ["4.00", "9.04", "312.5", "551.8", "-239.3"]
     assert loop["`aten::_foreach_norm`"] == ["2.56", "0.00", "200.0", "0.0", "+200.0"]
     assert "steps 41-43" in report and "12,800 real tokens a step" in report
+    # compiled: normalization 15.84 ms / 12,800 = 1,237.5 against 4.096 / 16,384 = 250.0; steps: 60 ms (part 5)
+    # and 40 ms (part 5's compiled bare step, 0.04 s), less the ops' time
+    compiled = {row[0]: row[1:] for row in table_rows(
+        report, "**The compiled loop's step against the compiled bare step.**")}
+    assert compiled["normalization"] == ["15.84", "4.10", "1237.5", "250.0", "+987.5"]
+    assert compiled["device idle (step - ops)"] == ["16.00", "3.14", "1250.0", "191.4", "+1058.6"]
+    assert compiled["`triton_per_fused_native_layer_norm_0`"][0] == "15.84" and "loop steps 21-23" in report
 
 
 def test_the_packed_attention_benchmark_runs_every_variant_on_a_cpu():
@@ -287,7 +310,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 17
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 18
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 < r["per_weight_casts"]
                                           for r in figures["1"])
@@ -331,5 +354,13 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert loop["steps"] == [3, 4] and not loop["in_measured_steps"] and loop["tokens"] > 0
     assert abs(sum(loop["groups_ms"].values()) - loop["total_ms"]) < 1e-6 * loop["total_ms"]
     assert {"GEMM", "optimizer"} <= set(loop["groups_ms"]) and "aten::_fused_adamw_" in loop["ops_ms"]
-    compared = {row[0]: row[1:] for row in table_rows(report, "**The loop's step against the bare step.**")}
+    eager_part = report.split("**The compiled loop's step")[0]
+    compared = {row[0]: row[1:] for row in table_rows(eager_part, "**The loop's step against the bare step.**")}
     assert "all ops" in compared and float(compared["GEMM"][0]) > 0 < float(compared["GEMM"][1])
+    # the compiled loop's steps 3-4 (after its first, compiling, step) against the compiled bare step's profile
+    compiled_loop, compiled_bare = figures["5"][0]["profile"], figures["7-compile"][0]
+    assert compiled_loop["steps"] == [3, 4] and not compiled_loop["in_measured_steps"] and compiled_bare["compiled"]
+    assert compiled_bare["groups_ms"]["GEMM"] > 0 < compiled_loop["groups_ms"]["GEMM"]
+    compared = {row[0]: row[1:] for row in table_rows(
+        report, "**The compiled loop's step against the compiled bare step.**")}
+    assert float(compared["all ops"][0]) > 0 < float(compared["all ops"][1]) and float(compared["GEMM"][1]) > 0
