@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bertrain.batch_layout import IGNORE_INDEX
+from bertrain.batch_layout import IGNORE_INDEX, layout_of
 from bertrain.train.adamw import FusedAdamW
 from bertrain.train.precision import cpu_has_native_bf16
 
@@ -82,13 +82,18 @@ def synchronize(device: torch.device) -> None:
 def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device = CPU):
     """A closure running one training step (fused AdamW) of `model` on `batch`, autocast to `dtype` when given;
     `reference`: transformers' model (its own name for the sentence label), stepped by torch's AdamW(fused=True);
-    ours by bertrain's FusedAdamW (the same kernel, its lists kept between steps: less host time)."""
+    ours by bertrain's FusedAdamW (the same kernel, its lists kept between steps: less host time), given the
+    batch's layout as training gives it: built once on the host, as the collator builds it with the batch, so
+    that the step reads nothing back from the device (building it from the device tensors in every step read
+    three of them back: three syncs a step on a GPU, which training never makes)."""
     fused = device.type in ("cuda", "cpu")
     optimizer = (FusedAdamW(model.parameters(), lr=1e-5) if fused and not reference else
                  torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused))
     args = dict(batch)
     if reference:
         args[("sentence_order_label" if kind == "albert" else "next_sentence_label")] = args.pop("sentence_label")
+    else:
+        args["layout"] = layout_of(batch.get("attention_mask"), batch["labels"], batch.get("sentence_label"))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

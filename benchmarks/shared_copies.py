@@ -17,6 +17,7 @@ import time
 import torch
 from model_step import make_batch, synchronize
 
+from bertrain.batch_layout import layout_of
 from bertrain.config import load_config
 from bertrain.model import build_model
 from bertrain.model.layers import EncoderLayer
@@ -63,6 +64,7 @@ def main() -> None:
     model = build_model(config).train().to(device)
     batch = {k: v.to(device) for k, v in make_batch(config, args.batch, torch.Generator().manual_seed(0),
                                                      args.seq).items()}
+    batch["layout"] = layout_of(batch["attention_mask"], batch["labels"], batch["sentence_label"])  # as training
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     def forward() -> torch.Tensor:

@@ -95,6 +95,37 @@ def test_optimizer_step_prints_lamb_against_fused_adamw():
     assert table["fused AdamW"][1] == 1.0 and all(ms > 0 and ratio > 0 for ms, ratio in table.values())
 
 
+@pytest.mark.parametrize("kind", ["bert", "albert"])
+def test_the_bare_step_reads_nothing_back_as_training_does(monkeypatch, kind):
+    """gpu_step / gpu_profile / model_step's step of ours gets the batch's layout built once, as the collator gives
+    it with the batch in training: the step never builds one from the device tensors (three reads, syncs on a GPU)
+    nor reads any other value back."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import model_step
+    import torch
+
+    from bertrain.model import bert, build_model
+    from tests.test_sync_free import no_host_reads
+
+    config = model_step.model_config("albert-base" if kind == "albert" else "tiny", 0.0, 0.0)
+    config.hidden_size, config.num_hidden_layers, config.intermediate_size = 64, 2, 128
+    config.num_attention_heads = 2
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    before = [p.detach().clone() for p in model.parameters()]
+    step = model_step.step_fn(model, model_step.make_batch(config, 2, torch.Generator().manual_seed(0), 16), False,
+                              kind, None)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the bare step built its layout from the batch's tensors")
+
+    monkeypatch.setattr(bert, "layout_of", refuse)
+    with no_host_reads():
+        step()
+        step()
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before) if p.requires_grad)
+
+
 def test_model_step_finishes_without_native_bf16():
     out = run("model_step.py", "--shapes", "tiny", "--rounds", "1", "--repeats", "1")
     rows = [line for line in out.splitlines() if line.startswith("tiny ")]
