@@ -57,21 +57,22 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "4", "6", "7", "5", "5", "5",
-                                                                          "7", "2"]
-    assert [c.label for c in commands[-5:]] == ["gpu_step-compile", "bert_large-128-compile",
-                                                "bert_large-128-compile-workers-4", "profile-compile",
-                                                "bert_large-128-workers-4"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "5", "2",
+                                                                          "7", "4"]
+    assert [c.label for c in commands[-6:]] == ["gpu_step-compile", "bert_large-128-compile",
+                                                "bert_large-128-compile-workers-4", "bert_large-128-workers-4",
+                                                "profile-compile", "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-5]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-5:]) and not any(c.optional for c in commands[:-5])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-5].min_start)
+    before_compile = sum(c.expect for c in commands[:-6]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-6:]) and not any(c.optional for c in commands[:-6])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-6].min_start)
     # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
     compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
-    assert "--profile" in compiled_loop.argv and "--compile" in commands[-2].argv
+    profile_compiled = next(c for c in commands if c.label == "profile-compile")
+    assert "--profile" in compiled_loop.argv and "--compile" in profile_compiled.argv
     start, count = map(int, compiled_loop.argv[compiled_loop.argv.index("--profile") + 1].split(":"))
-    assert start + count <= 80 - 50 and str(commands[-2].argv[commands[-2].argv.index("--results") + 1]).endswith(
-        "7-compile.jsonl")
+    argv = profile_compiled.argv
+    assert start + count <= 80 - 50 and str(argv[argv.index("--results") + 1]).endswith("7-compile.jsonl")
     for command in commands:
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
@@ -103,15 +104,16 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands = gpu_suite.plan("cuda", False, tmp_path)
     for command in commands:
         command.status = "ok"
-    commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the extra run
+    commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # LAMB's kernel configurations
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
-    commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
+    commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the eager loop, 4 workers
+    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-5].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-6].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-6].status = "timed out after 45 s"  # part 7's eager profile is not optional
+    commands[-7].status = "timed out after 45 s"  # part 7's eager profile is not optional
     assert gpu_suite.suite_failed({}, commands)
-    commands[-6].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-7].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
