@@ -112,7 +112,8 @@ def main() -> None:
     if args.results:
         with open(args.results, "a") as handle:
             handle.write(json.dumps(dict(shape=args.shape, seq=args.seq, batch=batch_size, device=str(device),
-                                         compiled=args.compile, total_ms=total / 1e3, groups_ms={k: v / 1e3 for k, v in groups.items()},
+                                         compiled=args.compile, total_ms=total / 1e3,
+                                         groups_ms={k: v / 1e3 for k, v in groups.items()},
                                          ops_ms={k: v / 1e3 for k, v in ops.items()})) + "\n")
 
 
