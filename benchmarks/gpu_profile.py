@@ -98,7 +98,9 @@ def main() -> None:
     device = torch.device(args.device)
     batch_size = args.batch or SHAPES[args.shape][2][args.seq]
     dtype = torch.bfloat16 if device.type == "cuda" else None
-    compile_options = ({"backend": args.compile_backend} if args.compile_backend else {}) if args.compile else None
+    compile_options = None  # eager
+    if args.compile:  # as gpu_step.py --compile passes them
+        compile_options = {"backend": args.compile_backend} if args.compile_backend else {}
     ops = profile_step(args.shape, args.seq, batch_size, args.steps, device, dtype, compile_options)
     total, groups = sum(ops.values()), grouped(ops)
     print(f"{args.shape} seq {args.seq} batch {batch_size} on {device} ({'bf16' if dtype else 'fp32'}"
