@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from rich.console import Console
 from safetensors.torch import save_file
@@ -51,3 +52,19 @@ def test_the_comparison_sees_one_ulp_in_a_loss_or_a_weight(tmp_path):
     assert _compare(tmp_path / "reference", tmp_path / "same", 3, console)
     assert not _compare(tmp_path / "reference", tmp_path / "loss", 3, console)
     assert not _compare(tmp_path / "reference", tmp_path / "weight", 3, console)
+
+
+@pytest.mark.slow  # ~45 s on 2 cores: three processes, each compiling the layers with inductor
+def test_a_compiled_run_resumes_bitwise(tmp_path, tiny_data):
+    """train.compile=true, as `auto` sets it for long GPU runs: a compiled ALBERT layer applied twice, with dropout
+    and LAMB, resumes bit for bit; inductor's code in the runs' own cache shows that the layers were compiled."""
+    config = write_config(tmp_path / "albert.yaml", TINY, model={"type": "albert", "embedding_size": 16,
+                                                                 "num_hidden_layers": 2},
+                          optim={"name": "lamb"}, train={"compile": True})
+    cache = tmp_path / "inductor-cache"
+    result = subprocess.run([sys.executable, "-m", "bertrain", "pretrain", "--config", str(config), "--data",
+                             str(tiny_data), "--check-resume"], env=pretrain_env(TORCHINDUCTOR_CACHE_DIR=str(cache)),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, explain(result)
+    assert "PASS: resuming at step 3 gave bitwise the same losses and weights" in result.stdout
+    assert list(cache.rglob("*.py")), "no code generated: the layers ran eager"

@@ -236,6 +236,8 @@ PATHS = {
     "2-processes-unpadded": ({}, {"model": {"unpad": "true"}}, 2),
     # objective none leaves the pooler and sentence head out of the loss: DDP must still get every gradient.
     "2-processes-mlm-only": ({"data": {"objective": "none"}}, {}, 2),
+    # train.compile, as `auto` sets it for long GPU runs: each rank's layers compiled by inductor, under DDP
+    "2-processes-compiled": ({}, {"train": {"compile": True}}, 2),
 }
 
 
@@ -264,7 +266,9 @@ def path_runs(workdir, data):
         if key not in done:
             run_dir = workdir / f"{path}{'-plain' if plain else ''}-{kernels}"
             config = write_config(run_dir.with_suffix(".yaml"), **changes)
-            result = run_pretrain(config, data, run_dir, nproc=nproc, env=kernel_env(kernels, nproc))
+            # inductor's cache of this run alone: its code shows that a compiled run compiled
+            env = kernel_env(kernels, nproc, TORCHINDUCTOR_CACHE_DIR=str(run_dir.with_suffix(".inductor")))
+            result = run_pretrain(config, data, run_dir, nproc=nproc, env=env)
             assert result.returncode == 0, explain(result)
             done[key] = run_dir
         return done[key]
@@ -285,6 +289,8 @@ def test_another_order_matches_the_plain_run_within_float32_rounding(path_runs, 
     assert sorted(ours) == sorted(plain) == list(range(1, STEPS + 1))
     state = json.loads((run_dir / "checkpoints" / f"step-{STEPS:08d}" / "train_state.json").read_text())
     assert state["world_size"] == PATHS[path][2] and state["samples_seen"] == STEPS * TINY["train"]["batch_size"]
+    compiled = PATHS[path][1].get("train", {}).get("compile", False)
+    assert any(run_dir.with_suffix(".inductor").rglob("*.py")) == compiled  # eager runs generate no code
     for step in plain:
         rtol = rounding_rtol(longest_reduction(data), steps=step)
         assert ours[step] == pytest.approx(plain[step], rel=rtol, abs=0), (step, abs(ours[step] / plain[step] - 1))
