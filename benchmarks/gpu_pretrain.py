@@ -247,6 +247,8 @@ def main() -> None:
 
     if counters["stats"].get("unique_graphs"):  # train.compile ran: the graphs (recompiles, graph breaks)
         result["compiled_graphs"] = counters["stats"]["unique_graphs"]
+        # each break splits a layer's graph, which adds a compiled call's host work (the compiled loop's limit)
+        result["graph_breaks"] = sum(counters["graph_break"].values())
     result["process_s"] = time.perf_counter() - STARTED
     print("RESULT " + json.dumps(result), flush=True)
     if args.results:

@@ -233,20 +233,23 @@ def part5(state, commands, results) -> list[str]:
         if r is None or "first_step_s" not in r:
             command = next((c for c in commands if c.label == label), None)
             out_of_time = command is not None and command.status.startswith((TIME_BUDGET, "timed out", "stopped"))
-            body.append([name, TIME_BUDGET if out_of_time else "no figure"] + [""] * 6)
+            body.append([name, TIME_BUDGET if out_of_time else "no figure"] + [""] * 7)
         else:
             body.append([name, fmt(r.get("first_step_s"), ".1f"), fmt(r.get("step_ms"), ".1f"),
                          fmt(r.get("tokens_per_s"), ",.0f"),
                          fmt(r.get("data_wait_share") and 100 * r["data_wait_share"], ".1f", "%"),
-                         fmt(host_share(r), ".2f"), r.get("compiled_graphs", ""),
+                         fmt(host_share(r), ".2f"), r.get("compiled_graphs", ""), r.get("graph_breaks", ""),
                          "" if r is eager else fmt(vs_bare(r, bare), ".2f")])
     out = [f"{first['config']} seq {first['seq']} batch {first['batch']}, {first['steps']} steps, step time over the "
            f"last {first['last']}. First step: host seconds from its first batch to the next step's (compilation "
            f"happens there; a later run finds inductor's cache). data wait, host in step: as in part 2. vs compiled "
            f"bare: the compiled loop against the compiled bare step below, as part 2's vs bare (train.compile: auto "
-           f"compiles long GPU runs, so this is the loop they run; the target is >= 0.90).", ""] + table(
+           f"compiles long GPU runs, so this is the loop they run; the target is >= 0.90). graph breaks: the "
+           f"splits dynamo made while compiling, each an extra compiled call a layer (on a CPU the packed "
+           f"attention's length buckets run eager, between two graphs).", ""
+           ] + table(
         ["", "first step s", "step ms", "real tokens/s", "data wait", "host in step", "graphs compiled",
-         "vs compiled bare"], body)
+         "graph breaks", "vs compiled bare"], body)
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]

@@ -170,7 +170,7 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                      tokens_per_s=5e5, samples_per_s=4e3, step_ms=60.0, useful_mfu=0.4, peak_flops=7.26e14,
                      data_wait_share=0.01, host_train_step_ms_median=54.0,
                      padding_share=0.05, computed_padding_share=0.05, peak_memory_gb=30.0, wall_s=50.0,
-                     first_step_s=2.0, compiled_graphs=1, time_limited=False) for run in runs]
+                     first_step_s=2.0, compiled_graphs=1, graph_breaks=0, time_limited=False) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
@@ -231,9 +231,9 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # the compiled loops, with 0 and 4 loader workers (290.4 T each), against the compiled bare step:
     # 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T: 0.82; the eager loop's row has no such figure
     loops = table_rows(report, "## 5.")[:3]
-    assert [(row[0], row[4], row[-1]) for row in loops] == [
-        ("eager (part 2's bert_large-128)", "1.0%", ""), ("train.compile=true", "1.0%", "0.82"),
-        ("train.compile=true, 4 loader workers", "1.0%", "0.82")]
+    assert [(row[0], row[4], row[-2], row[-1]) for row in loops] == [
+        ("eager (part 2's bert_large-128)", "1.0%", "0", ""), ("train.compile=true", "1.0%", "0", "0.82"),
+        ("train.compile=true, 4 loader workers", "1.0%", "0", "0.82")]
     assert "With 4 loader workers: 1.00x the compiled loop's real tokens/s without them (data wait 1.0% → 1.0%)." \
         in report
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
@@ -332,6 +332,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert "last 8 of 13 (time limit)" in report
     assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile", "bert_large-128-compile-workers-4"]
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
+    # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each
+    assert all(r["graph_breaks"] >= 1 for r in figures["5"])
     assert figures["5-step"][0]["compiled"] and figures["5-step"][0]["ours"] > 0 < figures["5-step"][0]["compile_s"]
     assert [(r["first_step"], r["later_steps"]) for r in figures["3"]] == [(0, 0)] * 4
     assert figures["4"][0]["ratio"] > 0 and figures["4"][0]["lamb_host_ms"] > 0 < figures["4"][0]["fused_adamw_ms"]
