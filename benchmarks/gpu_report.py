@@ -246,8 +246,7 @@ def part5(state, commands, results) -> list[str]:
            f"bare: the compiled loop against the compiled bare step below, as part 2's vs bare (train.compile: auto "
            f"compiles long GPU runs, so this is the loop they run; the target is >= 0.90). graph breaks: the "
            f"splits dynamo made while compiling, each an extra compiled call a layer (on a CPU the packed "
-           f"attention's length buckets run eager, between two graphs).", ""
-           ] + table(
+           f"attention's length buckets run eager, between two graphs).", ""] + table(
         ["", "first step s", "step ms", "real tokens/s", "data wait", "host in step", "graphs compiled",
          "graph breaks", "vs compiled bare"], body)
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:

@@ -54,7 +54,7 @@ def test_the_comparison_sees_one_ulp_in_a_loss_or_a_weight(tmp_path):
     assert not _compare(tmp_path / "reference", tmp_path / "weight", 3, console)
 
 
-@pytest.mark.slow  # ~45 s on 2 cores: three processes, each compiling the layers with inductor
+@pytest.mark.slow  # 45-70 s on 2 cores: three processes, each compiling the layers with inductor
 def test_a_compiled_run_resumes_bitwise(tmp_path, tiny_data):
     """train.compile=true, as `auto` sets it for long GPU runs: a compiled ALBERT layer applied twice, with dropout
     and LAMB, resumes bit for bit; inductor's code in the runs' own cache shows that the layers were compiled."""
