@@ -12,6 +12,12 @@ def fmt(value, spec: str = ".3g", suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
+def data_wait(r: dict | None) -> str:
+    """A run's data wait (the host's time fetching batches over the wall time) as a percentage; n/a unmeasured."""
+    share = r and r.get("data_wait_share")
+    return fmt(share and 100 * share, ".1f", "%")
+
+
 def table(header: list[str], rows: list[list]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
         ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
@@ -116,7 +122,7 @@ def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
             fmt(useful_flops_per_s(r) / 1e12, ".1f"),
             f"{fmt(100 * r['padding_share'], '.1f', '%')} / {fmt(computed and 100 * computed, '.1f', '%')}",
             fmt(bare_at and bare_at / 1e12, ".1f"), fmt(vs_bare(r, bare), ".2f"),
-            fmt(100 * r["data_wait_share"], ".1f", "%"), fmt(host_share(r), ".2f"), fmt(memory, ".1f", " GiB"),
+            data_wait(r), fmt(host_share(r), ".2f"), fmt(memory, ".1f", " GiB"),
             fmt(r["wall_s"], ".0f")]
 
 
@@ -237,7 +243,7 @@ def part5(state, commands, results) -> list[str]:
         else:
             body.append([name, fmt(r.get("first_step_s"), ".1f"), fmt(r.get("step_ms"), ".1f"),
                          fmt(r.get("tokens_per_s"), ",.0f"),
-                         fmt(r.get("data_wait_share") and 100 * r["data_wait_share"], ".1f", "%"),
+                         data_wait(r),
                          fmt(host_share(r), ".2f"), r.get("compiled_graphs", ""), r.get("graph_breaks", ""),
                          "" if r is eager else fmt(vs_bare(r, bare), ".2f")])
     out = [f"{first['config']} seq {first['seq']} batch {first['batch']}, {first['steps']} steps, step time over the "
@@ -255,9 +261,8 @@ def part5(state, commands, results) -> list[str]:
     for run in runs[1:]:  # the same compiled loop with loader workers: what data.num_workers: auto would gain
         r = found.get(run["label"])
         if compiled and r and compiled.get("tokens_per_s") and r.get("tokens_per_s"):
-            waits = [fmt(x.get("data_wait_share") and 100 * x["data_wait_share"], ".1f", "%") for x in (compiled, r)]
             out += ["", f"With {workers(run)}: {r['tokens_per_s'] / compiled['tokens_per_s']:.2f}x the compiled "
-                    f"loop's real tokens/s without them (data wait {waits[0]} → {waits[1]})."]
+                    f"loop's real tokens/s without them (data wait {data_wait(compiled)} → {data_wait(r)})."]
     return out + compiled_step(state, commands, results)
 
 
@@ -400,7 +405,7 @@ def targets(state, commands, results) -> list[str]:
         r, bare = runs.get(run["label"]), rows.get(tuple(run["bare"]))
         ratio = vs_bare(r, bare)
         judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
-              f"{fmt(ratio, '.2f')} (data wait {fmt(r and 100 * r['data_wait_share'], '.1f', '%')})",
+              f"{fmt(ratio, '.2f')} (data wait {data_wait(r)})",
               lambda v: v >= 0.9)
     for run in state["runs"]:
         if "compile" not in run["label"] or run["label"] not in runs:  # the compiled loop: a row only where it ran

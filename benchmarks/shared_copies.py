@@ -11,11 +11,10 @@ bit (tests/test_weight_cast.py). Not part of the test suite.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 
 import torch
-from model_step import make_batch, synchronize
+from model_step import make_batch, time_alternating
 
 from bertrain.batch_layout import layout_of
 from bertrain.config import load_config
@@ -83,17 +82,10 @@ def main() -> None:
         step(variant)  # warm up; the variant stays set for the measurement
         optimizer.zero_grad(set_to_none=True)
         held[variant] = saved_bytes(forward)
-    times: dict[str, list[float]] = {variant: [] for variant in variants}
-    for r in range(args.rounds):
-        for variant in (variants if r % 2 == 0 else variants[::-1]):
-            synchronize(device)
-            started = time.perf_counter()
-            step(variant)
-            step(variant)
-            synchronize(device)
-            times[variant].append((time.perf_counter() - started) / 2)
+    medians = time_alternating({variant: functools.partial(step, variant) for variant in variants}, args.rounds, 2,
+                               device)
     EncoderLayer.forward = SHARED_FORWARD
-    shared, each = (statistics.median(times[v]) for v in variants)
+    shared, each = (medians[v] for v in variants)
     applications = config.num_hidden_layers
     print(f"{args.config} (hidden {config.hidden_size}, {applications} applications of "
           f"{config.num_hidden_groups * config.inner_group_num} layer(s)), batch {args.batch} x {args.seq}, "
