@@ -162,6 +162,13 @@ def part2(state, commands, results) -> list[str]:
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
         out += ["", f"model.unpad true vs false at the longer length: "
                 f"{unpadded['samples_per_s'] / padded['samples_per_s']:.2f}x sequences/s."]
+    transfer = next((c for c in commands if c.label == "loader-transfer" and c.status == "ok"), None)
+    if transfer:
+        out += ["", "**Taking a batch** (`benchmarks/loader_transfer.py`, the synthetic data above): the training "
+                "process's time per micro-batch made in-process, or received from loader workers with each tensor in "
+                "a shared-memory storage of its own (the loader before `bertrain/batch_buffer.py`) or in one buffer "
+                "(now), page-locked on a GPU, then its copy to the device; the workers ahead (the process sleeps "
+                "between batches, as while the device runs a step).", "", "```", transfer.tail, "```"]
     return out
 
 

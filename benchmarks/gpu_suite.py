@@ -126,10 +126,10 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# optional, when time is left, after part 5's runs, in this order: part 2's run with loader workers, the compiled
-# bare step's profile, and LAMB's kernel configurations (two H200 runs agreed on the default; part 4's first
-# command judges the LAMB target)
-EXTRA_RUNS = ("bert_large-128-workers-4", "profile-compile", "lamb-kernels")
+# optional, when time is left, after part 5's runs, in this order: part 2's run with loader workers, the time the
+# training process takes for a batch from them (loader_transfer.py), the compiled bare step's profile, and LAMB's
+# kernel configurations (two H200 runs agreed on the default; part 4's first command judges the LAMB target)
+EXTRA_RUNS = ("bert_large-128-workers-4", "loader-transfer", "profile-compile", "lamb-kernels")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
@@ -216,8 +216,13 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
         ["--device", device, "--shapes", "tiny", "--seqs", "32", "--batch", "4", "--rounds", "1", "--repeats", "1",
          "--gemm-size", "256", "--compile-backend", "eager"] if quick else
         ["--shapes", ",".join(s for s, _ in STEP_COMPILE_SHAPES), "--seqs", "128", "--rounds", "3"])
+    # the training process's time to take a batch: made in-process, or from workers tensor by tensor or as one buffer
+    transfer = [PY, bench / "loader_transfer.py", "--data", data["synthetic"], "--device", device, "--rounds", "1"] + (
+        ["--rows", "4", "--seq", "32", "--workers", "2", "--steps", "5", "--step-ms", "5"] if quick
+        else ["--rows", "128,256", "--workers", "4", "--steps", "40"])
     # expected: the H200's times (run of 2026-11-26 01:15) with a margin for an H100
-    commands += [Command("3", "sync", sync, 60, 22, 22, "checks.log"),
+    commands += [Command("2", "loader-transfer", transfer, 60, 0, 25, "pretrain.log", min_start=30, optional=True),
+                 Command("3", "sync", sync, 60, 22, 22, "checks.log"),
                  Command("4", "optimizer", optimizer, 30, 15, 12, "checks.log"),
                  # apart: a kernel configuration that hangs costs this command only (its rows so far are kept)
                  Command("4", "lamb-kernels", kernels, 60, 0, 20, "checks.log", min_start=25, optional=True),

@@ -16,19 +16,20 @@ IGNORE_INDEX = -100  # the label no loss counts: an unmasked position, an instan
 MAX_BUCKETS = 4      # more length buckets: less padded attention, more kernel calls per layer
 
 
-def map_tensors(value, fn):
-    """`value` with `fn` applied to every tensor in it (through dataclasses, dicts, lists, tuples); e.g. to()."""
+def map_tensors(value, fn, leaf: type | None = None):
+    """`value` with `fn` applied to every tensor in it (through dataclasses, dicts, lists, tuples), in a fixed order;
+    e.g. to(). leaf: apply it to the instances of this type instead."""
     import torch  # loaded already wherever there are tensors
 
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, leaf or torch.Tensor):
         return fn(value)
     if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn)
+        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn, leaf)
                                              for f in dataclasses.fields(value)})
     if isinstance(value, dict):
-        return {key: map_tensors(item, fn) for key, item in value.items()}
+        return {key: map_tensors(item, fn, leaf) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(map_tensors(item, fn) for item in value)
+        return type(value)(map_tensors(item, fn, leaf) for item in value)
     return value
 
 

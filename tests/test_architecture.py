@@ -26,7 +26,8 @@ LAYERS = {
     "bertrain.model": 2, "bertrain.data": 2,
     "bertrain.config": 1, "bertrain.rundir": 1, "bertrain.files": 1, "bertrain.special_tokens": 1,
     "bertrain.errors": 1, "bertrain.console": 1, "bertrain.exit_status": 1, "bertrain.tokenizer_file": 1,
-    "bertrain.batch_layout": 1, "bertrain.child_process": 1, "bertrain.kernel_trial": 1, "bertrain": 1,
+    "bertrain.batch_layout": 1, "bertrain.batch_buffer": 1, "bertrain.child_process": 1, "bertrain.kernel_trial": 1,
+    "bertrain": 1,
 }
 NEVER_IMPORT_EACH_OTHER = ("bertrain.model", "bertrain.data")
 LAZY_IMPORTS_ALLOWED_UNDER = "bertrain.cli"

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_checks  # noqa: E402
 import gpu_report  # noqa: E402
 import gpu_suite  # noqa: E402
+import loader_transfer  # noqa: E402
 from gpu_step import model_config  # noqa: E402
 
 from bertrain.config import load_config  # noqa: E402
@@ -58,14 +59,14 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
     assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "5", "2",
-                                                                          "7", "4"]
-    assert [c.label for c in commands[-6:]] == ["gpu_step-compile", "bert_large-128-compile",
+                                                                          "2", "7", "4"]
+    assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile",
                                                 "bert_large-128-compile-workers-4", "bert_large-128-workers-4",
-                                                "profile-compile", "lamb-kernels"]
+                                                "loader-transfer", "profile-compile", "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-6]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-6:]) and not any(c.optional for c in commands[:-6])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-6].min_start)
+    before_compile = sum(c.expect for c in commands[:-7]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-7:]) and not any(c.optional for c in commands[:-7])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-7].min_start)
     # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
     compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
     profile_compiled = next(c for c in commands if c.label == "profile-compile")
@@ -106,14 +107,15 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
         command.status = "ok"
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # LAMB's kernel configurations
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
-    commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the eager loop, 4 workers
-    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
+    commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 30 s needed"  # taking a batch from workers
+    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the eager loop, 4 workers
+    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-6].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-7].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-7].status = "timed out after 45 s"  # part 7's eager profile is not optional
+    commands[-8].status = "timed out after 45 s"  # part 7's eager profile is not optional
     assert gpu_suite.suite_failed({}, commands)
-    commands[-7].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-8].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -221,6 +223,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert report.splitlines()[2] == "- GPU: NVIDIA H100 80GB HBM3 (79 GiB)"
     assert "Triton 3.6.0, Python" in report
     assert "CUDA 13.0, driver 580.159.04" in report and "**bert_large-128-compile: timed out after 150 s**" in report
+    assert "**Taking a batch**" in report.split("## 2.")[1].split("## 3.")[0]  # loader_transfer.py's table
     assert len(table_rows(report, "## 1.")) == 8
     # one cast per layer against per-weight casts (0.0525 / 0.05)
     assert {row[-1] for row in table_rows(report, "## 1.")} == {"1.050x"}
@@ -312,7 +315,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 18
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 19
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 < r["per_weight_casts"]
                                           for r in figures["1"])
@@ -330,6 +333,11 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     padded, packed = figures["2"][2], figures["2"][3]
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
     assert "last 8 of 13 (time limit)" in report
+    # taking a batch: in-process, and from 2 workers tensor by tensor and in one buffer, each with a figure
+    taking = [line for line in report.split("**Taking a batch**")[1].split("```")[1].splitlines()
+              if line.startswith("    4  ")]  # the 4-row micro-batches' rows
+    assert [line[7:35].strip() for line in taking] == list(loader_transfer.VARIANTS), taking
+    assert all(float(line.split()[-4]) > 0 and line.endswith("x") for line in taking), taking
     assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile", "bert_large-128-compile-workers-4"]
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
     # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each

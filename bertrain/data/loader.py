@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from bertrain.batch_layout import map_tensors
+from bertrain.batch_buffer import PackedBatch
 from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
@@ -183,17 +183,30 @@ class MicroBatchLoader:
 
 
 def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory: bool) -> Iterator[dict[str, Any]]:
-    """dataset[key] for each key, in-process or from `num_workers` workers (prefetching 4), pinned if asked."""
+    """dataset[key] for each key, in-process or from `num_workers` workers (prefetching 4), pinned if asked. A
+    worker's batch, or a pinned one, comes as views of one buffer (PackedBatch): one storage to send, pin and copy."""
     if num_workers <= 0:
         for key in keys:
             batch = dataset[key]
-            yield map_tensors(batch, lambda t: t.pin_memory()) if pin_memory else batch
+            yield PackedBatch.pack(batch, pin_memory=True).unpack() if pin_memory else batch
         return
     from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
 
     # batch_size=None: each item already is a micro-batch; the sampler is just the keys.
-    yield from DataLoader(dataset, batch_size=None, sampler=keys, num_workers=num_workers, persistent_workers=True,
-                          pin_memory=pin_memory, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
+    for packed in DataLoader(PackedItems(dataset), batch_size=None, sampler=keys, num_workers=num_workers,
+                             persistent_workers=True, pin_memory=pin_memory, prefetch_factor=4,
+                             worker_init_fn=ignore_ctrl_c):
+        yield packed.unpack()
+
+
+class PackedItems:
+    """dataset[key] packed by the worker that makes it."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, key) -> PackedBatch:
+        return PackedBatch.pack(self.dataset[key])
 
 
 def ignore_ctrl_c(worker_id: int = 0) -> None:

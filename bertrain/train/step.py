@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from bertrain.batch_layout import map_tensors
+from bertrain.batch_buffer import to_device
 from bertrain.errors import TrainingDiverged
 from bertrain.train.signals import requeue_requested, stop_requested
 
@@ -106,7 +106,7 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     non_blocking = device.type == "cuda"  # the loader pins batches for a CUDA device
     for index, batch in enumerate(batches):
-        batch = map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+        batch = to_device(batch, device, non_blocking)
         last = index == len(batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],

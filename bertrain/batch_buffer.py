@@ -1,0 +1,98 @@
+"""A batch's tensors in one buffer, so that moving it costs one storage, not one per tensor: one shared-memory
+transfer from a loader worker (rebuilding each of a batch's 14 tensors from a shared-memory file of its own took
+the training process 0.9-1.5x the time of making the batch itself: benchmarks/loader_transfer.py), one page-locked
+copy, one copy to the device."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from bertrain.batch_layout import map_tensors
+
+ALIGN = 16  # bytes: each tensor starts at a multiple of every element size, so its typed view is legal
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where one tensor of a packed batch lies in the buffer: its bytes from `offset`, contiguous."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class PackedBatch:
+    """A batch (dicts, dataclasses, lists of tensors and host values) as one uint8 buffer plus its skeleton: the
+    same structure with a Slot where each tensor was. DataLoader pins it through pin_memory()."""
+
+    def __init__(self, buffer: torch.Tensor, skeleton: Any):
+        self.buffer, self.skeleton = buffer, skeleton
+
+    @classmethod
+    def pack(cls, batch: Any, pin_memory: bool = False) -> "PackedBatch":
+        """Copy every tensor of `batch` into one new buffer (page-locked if asked), each at an ALIGN-byte boundary."""
+        tensors, slots, size = [], [], 0
+        for tensor in _tensors_in(batch):
+            size = -(-size // ALIGN) * ALIGN
+            tensors.append(tensor)
+            slots.append(Slot(size, tensor.dtype, tuple(tensor.shape)))
+            size += tensor.numel() * tensor.element_size()
+        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory)
+        for tensor, slot in zip(tensors, slots):
+            _view(buffer, slot).copy_(tensor)
+        slot_of = iter(slots)
+        return cls(buffer, map_tensors(batch, lambda tensor: next(slot_of)))
+
+    def pin_memory(self) -> "PackedBatch":
+        return PackedBatch(self.buffer.pin_memory(), self.skeleton)
+
+    def unpack(self) -> Any:
+        """The batch again, its tensors views of the buffer (one storage: to_device copies it once)."""
+        return map_tensors(self.skeleton, lambda slot: _view(self.buffer, slot), leaf=Slot)
+
+
+def _tensors_in(batch: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(batch, found.append)
+    return found
+
+
+def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """The tensor of `slot` as a view of `buffer` (a uint8 tensor that starts its storage)."""
+    stride, step = [], 1
+    for size in reversed(slot.shape):  # contiguous
+        stride.insert(0, step)
+        step *= max(size, 1)
+    return torch.empty(0, dtype=slot.dtype, device=buffer.device).set_(
+        buffer.untyped_storage(), slot.offset // slot.dtype.itemsize, slot.shape, stride)
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """`batch` with its tensors on `device`: in one copy when they fill one storage (PackedBatch.unpack's), else
+    one by one."""
+    tensors = _tensors_in(batch)
+    if not tensors or all(tensor.device == device for tensor in tensors):
+        return batch
+    if fill_one_storage(tensors):
+        return move_storage(batch, device, non_blocking)
+    return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
+
+
+def fill_one_storage(tensors: list[torch.Tensor]) -> bool:
+    """Whether the tensors are views of one storage that holds little else (a large one is not copied for them)."""
+    storage = tensors[0].untyped_storage()
+    used = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    return (all(tensor.untyped_storage().data_ptr() == storage.data_ptr() for tensor in tensors)
+            and storage.nbytes() <= used + ALIGN * len(tensors))
+
+
+def move_storage(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """`batch`, whose tensors share one storage, as views of a copy of that storage on `device`."""
+    tensors = _tensors_in(batch)
+    whole = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(tensors[0].untyped_storage())
+    whole = whole.to(device, non_blocking=non_blocking, copy=True)
+    return map_tensors(batch, lambda tensor: torch.empty(0, dtype=tensor.dtype, device=whole.device).set_(
+        whole.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride()))
