@@ -126,10 +126,10 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# optional, when time is left, after part 5's runs, in this order: part 2's run with loader workers, the time the
-# training process takes for a batch from them (loader_transfer.py), the compiled bare step's profile, and LAMB's
-# kernel configurations (two H200 runs agreed on the default; part 4's first command judges the LAMB target)
-EXTRA_RUNS = ("bert_large-128-workers-4", "loader-transfer", "profile-compile", "lamb-kernels")
+# optional, when time is left, after part 5's runs, in this order: part 2's run with loader workers, the compiled
+# bare step's profile, the time the training process takes for a batch from workers (loader_transfer.py), and
+# LAMB's kernel configurations (two H200 runs agreed on the default; part 4's first command judges the LAMB target)
+EXTRA_RUNS = ("bert_large-128-workers-4", "profile-compile", "loader-transfer", "lamb-kernels")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
@@ -146,7 +146,7 @@ def target_shapes(quick: bool) -> dict:
 def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6, 7), then the optional ones: the
     compiled step, the compiled loop (with 0, then 4 loader workers), the eager loop with 4 workers, the compiled
-    step's profile, LAMB's kernel configurations."""
+    step's profile, taking a batch from workers, LAMB's kernel configurations."""
     bench, results, data = ROOT / "benchmarks", scratch / "results", data_dirs(scratch)
     workers = 2 if quick else max(1, min(16, os.cpu_count() or 1))
     prepare = [PY, "-m", "bertrain", "prepare", "--recipe", "pydoc"]
