@@ -2,8 +2,9 @@
 batch sent tensor by tensor (each tensor a shared-memory storage of its own: the loader before batch_buffer.py)
 and as one buffer (PackedBatch: one storage). Between two batches the training process sleeps for --step-ms, as
 while the device runs a step, so the workers are ahead and each figure is the cost of taking a ready batch.
-On CUDA the batches are page-locked (DataLoader's pin thread with workers) and the table adds the copy to the
-device (to_device). Not part of the test suite.
+On CUDA the batches are page-locked (DataLoader's pin thread with workers), the table adds the host's time to queue
+the copy to the device (to_device), and a fourth row pins and copies an in-process batch tensor by tensor, as
+before. Not part of the test suite.
 
     python benchmarks/loader_transfer.py                       # a prepared pydoc corpus made on the spot
     python benchmarks/loader_transfer.py --data DATA_DIR --rows 128,256 --workers 4 --device cuda
@@ -23,17 +24,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bertrain.batch_buffer import to_device  # noqa: E402
+from bertrain.batch_layout import map_tensors  # noqa: E402
 from bertrain.config import DataConfig  # noqa: E402
 from bertrain.data.format import open_prepared  # noqa: E402
 from bertrain.data.loader import RunDataset, ignore_ctrl_c, iterate_micro_batches, num_micro_batches  # noqa: E402
 from tests.helpers import make_prepared_dir  # noqa: E402
 
 VARIANTS = ("in-process", "workers, tensor by tensor", "workers, one buffer")
+PINNED_ALONE = "in-process, tensor by tensor"  # CUDA only: each tensor page-locked and copied alone (before)
 
 
 def batches(variant: str, dataset: RunDataset, length: int, workers: int, pin: bool):
     """The variant's iterator over the `length` micro-batches of epoch 0, again and again."""
     keys = ((0, m % length) for m in range(10**9))
+    if variant == PINNED_ALONE:
+        return (map_tensors(dataset[key], lambda tensor: tensor.pin_memory()) for key in keys)
     if variant == "workers, tensor by tensor":  # the dataset's batches as they are, each tensor sent alone
         from torch.utils.data import DataLoader
 
@@ -84,9 +89,10 @@ def main() -> None:
             config = DataConfig(objective="nsp", max_seq_length=args.seq, masking="token")
             dataset = RunDataset(prepared, config, seed=0, micro_batch_size=rows, rank=0, world_size=1)
             length = num_micro_batches(prepared, config, seed=0, epoch=0, micro_batch_size=rows, world_size=1)
-            results = {variant: [] for variant in VARIANTS}
+            variants = (PINNED_ALONE, *VARIANTS) if device.type == "cuda" else VARIANTS
+            results = {variant: [] for variant in variants}
             for round_ in range(args.rounds):
-                for variant in VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]:
+                for variant in variants if round_ % 2 == 0 else variants[::-1]:
                     results[variant].append(time_variant(variant, dataset, length, args.workers, device,
                                                          args.steps, args.step_ms / 1e3))
             totals = {variant: [sum(pair) for pair in pairs] for variant, pairs in results.items()}
