@@ -5,14 +5,19 @@
 #   bash benchmarks/gpu_compile_probe.sh OUT_DIR           # the 2026-11-27 call (about 170 s on an H200; output in
 #                                                          # benchmarks/results/gpu_compile_2026-11-27_h200.log)
 #   bash benchmarks/gpu_compile_probe.sh OUT_DIR --next    # what that call left open (about 350 s)
+#   bash benchmarks/gpu_compile_probe.sh OUT_DIR --cudagraphs  # would CUDA graphs lift the compiled loop? (~170 s)
 #
 # The first: bert_base at seq 128 and 512 and albert_base (LAMB) at 128 compiled, and albert_base eager (that call
 # also timed the Triton LayerNorm, since removed: no win). --next: bert_large's compiled loop with
 # inductor's C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: is the compiled loop's host its limit?), with model.unpad
 # false (static shapes), bert_base's with 4 loader workers (the suite's part 5 now runs bert_large's compiled loop
-# with 0 and with 4 workers itself), and ALBERT's shared weight copies (benchmarks/shared_copies.py).
+# with 0 and with 4 workers itself), and ALBERT's shared weight copies (benchmarks/shared_copies.py). --cudagraphs:
+# bert_large's compiled loop on static shapes (model.unpad false: [128, 128] batches, nearly all), without and with
+# inductor's CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, what mode="reduce-overhead" sets): the host's launches gone,
+# the most any host-side work can lift that loop (the suite's part 7 says how long its device waits).
 set -u
-out="${1:?usage: bash benchmarks/gpu_compile_probe.sh OUT_DIR [--next]}"; mkdir -p "$out"; PY=${PYTHON:-python3}
+usage="usage: bash benchmarks/gpu_compile_probe.sh OUT_DIR [--next | --cudagraphs]"
+out="${1:?$usage}"; mkdir -p "$out"; PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD WANDB_MODE=disabled
 s=$(mktemp -d)
 $PY -m pip install -q --no-deps --no-build-isolation -e . > "$out/setup.log" 2>&1
@@ -31,7 +36,12 @@ run() {  # label limit last steps config batch seq sets...
   echo "$label: exit $? at $SECONDS s" | tee -a "$out/probe.log"; tail -4 "$out/$label.log" >> "$out/probe.log"
   rm -rf "${s:?}/$label"  # its checkpoint (4 GB at bert_large) is not needed
 }
-if [ "${2:-}" = --next ]; then
+if [ "${2:-}" = --cudagraphs ]; then
+  run bert_large-128-compile-unpad-false 50 100 150 bert_large 128 128 train.compile=true model.unpad=false
+  # each layer's graphs recorded once per layer (its parameters are static inputs), hence the longer limit
+  (export TORCHINDUCTOR_CUDAGRAPHS=1; run bert_large-128-compile-unpad-false-cudagraphs 90 100 150 bert_large 128 \
+    128 train.compile=true model.unpad=false)
+elif [ "${2:-}" = --next ]; then
   # bert_large's compiled loop with inductor's C++ wrapper (the compiled code's launches made from C++, not
   # Python): whether the compiled loop's host time is the limit (against part 5's bert_large-128-compile); its
   # wrappers are compiled by g++ (not in inductor's cache yet), hence the longer limit
