@@ -77,7 +77,7 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
     if not tensors or all(tensor.device == device for tensor in tensors):
         return batch
     if fill_one_storage(tensors):
-        return move_storage(batch, device, non_blocking)
+        return move_storage(batch, tensors[0].untyped_storage(), device, non_blocking)
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
 
 
@@ -89,10 +89,9 @@ def fill_one_storage(tensors: list[torch.Tensor]) -> bool:
             and storage.nbytes() <= used + ALIGN * len(tensors))
 
 
-def move_storage(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """`batch`, whose tensors share one storage, as views of a copy of that storage on `device`."""
-    tensors = _tensors_in(batch)
-    whole = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(tensors[0].untyped_storage())
+def move_storage(batch: Any, storage: torch.UntypedStorage, device: torch.device, non_blocking: bool = False) -> Any:
+    """`batch`, whose tensors are views of `storage`, as views of a copy of that storage on `device`."""
+    whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     whole = whole.to(device, non_blocking=non_blocking, copy=True)
     return map_tensors(batch, lambda tensor: torch.empty(0, dtype=tensor.dtype, device=whole.device).set_(
         whole.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride()))

@@ -107,7 +107,7 @@ def test_to_device_moves_a_packed_batch_in_one_copy_and_others_tensor_by_tensor(
 
 def test_a_moved_storage_holds_the_same_values_in_new_memory(prepared):
     packed = PackedBatch.pack(first_batch(prepared)).unpack()
-    moved = move_storage(packed, torch.device("cpu"))
+    moved = move_storage(packed, tensors(packed)[0].untyped_storage(), torch.device("cpu"))
     assert_same(packed, moved)
     assert len(storages(moved)) == 1 and storages(moved).isdisjoint(storages(packed))
 
