@@ -10,8 +10,9 @@
 # The first: bert_base at seq 128 and 512 and albert_base (LAMB) at 128 compiled, and albert_base eager (that call
 # also timed the Triton LayerNorm, since removed: no win). --next: bert_large's compiled loop with
 # inductor's C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: is the compiled loop's host its limit?), with model.unpad
-# false (static shapes), bert_base's with 4 loader workers (the suite's part 5 now runs bert_large's compiled loop
-# with 0 and with 4 workers itself), and ALBERT's shared weight copies (benchmarks/shared_copies.py). --cudagraphs:
+# false (static shapes), bert_base's with data.num_workers auto, 4 loader workers (the suite's part 5 runs
+# bert_large's compiled loop with auto and with 0 workers itself), and ALBERT's shared weight copies
+# (benchmarks/shared_copies.py). --cudagraphs:
 # bert_large's compiled loop on static shapes (model.unpad false: [128, 128] batches, nearly all), without and with
 # inductor's CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, what mode="reduce-overhead" sets): the host's launches gone,
 # the most any host-side work can lift that loop (the suite's part 7 says how long its device waits).
@@ -48,7 +49,9 @@ elif [ "${2:-}" = --next ]; then
   (export TORCHINDUCTOR_CPP_WRAPPER=1; run bert_large-128-compile-cpp-wrapper 150 50 80 bert_large 128 128 \
     train.compile=true)
   run bert_large-128-compile-unpad-false 50 100 150 bert_large 128 128 train.compile=true model.unpad=false
-  run bert_base-128-compile-workers-4 50 150 250 bert_base 256 128 train.compile=true data.num_workers=4
+  # data.num_workers auto (4 loader workers on a GPU since 2026-11-27's evening; against that morning's
+  # bert_base-128-compile in gpu_compile_2026-11-27_h200.log, made with none)
+  run bert_base-128-compile-workers-auto 50 150 250 bert_base 256 128 train.compile=true
   # ALBERT's shared weight copies against a copy per application, at albert-large seq 512 (where one cast per
   # application ran at 0.88x autocast's cached casts on the H200)
   timeout 120 $PY benchmarks/shared_copies.py --device cuda --config albert_large --batch 16 --seq 512 --rounds 5 \

@@ -45,6 +45,7 @@ class Probe:
     def __init__(self, time_limit: float | None, min_steps: int, profile: tuple[int, int] | None = None,
                  device: torch.device | None = None, trace: str | None = None) -> None:
         self.waiting, self.started, self.steps, self.forwards = 0.0, None, [], []
+        self.loader_workers = None  # the stream's loader workers (data.num_workers as the run resolved it)
         self.time_limit, self.min_steps, self.stopped = time_limit, min_steps, False
         self.profile, self.device, self.profiler = profile, device, None  # (start, count): steps profiled
         self.trace = trace  # the profiled steps' Chrome trace (host ops and kernels on one timeline), gzipped
@@ -63,7 +64,7 @@ class Probe:
 
         def timed_next(stream_self):
             start = time.perf_counter()
-            self.started = self.started or start
+            self.started, self.loader_workers = self.started or start, stream_self.num_workers
             try:
                 return next_batch(stream_self)
             finally:
@@ -233,7 +234,7 @@ def main() -> None:
     started = time.perf_counter()
     result["exit_code"] = cli(["pretrain", *pretrain_args])
     result["wall_s"] = time.perf_counter() - started
-    result["time_limited"] = probe.stopped
+    result["time_limited"], result["loader_workers"] = probe.stopped, probe.loader_workers
     device = probe.device
     if device.type == "cuda":
         result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -112,7 +112,7 @@ def vs_bare(r: dict | None, bare: dict | None) -> float | None:
 def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
     if r is None or "useful_mfu" not in r:
         status = "no figure: see the log" if r is None else f"exit {r.get('exit_code')}, figures incomplete (log)"
-        return [run["label"], run["seq"], run["batch"], status] + [""] * 11
+        return [run["label"], run["seq"], run["batch"], status] + [""] * 12
     memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))
     computed = r.get("computed_padding_share")
     bare_at = bare and computed is not None and bare_flops_at(bare, computed)
@@ -122,7 +122,7 @@ def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
             fmt(useful_flops_per_s(r) / 1e12, ".1f"),
             f"{fmt(100 * r['padding_share'], '.1f', '%')} / {fmt(computed and 100 * computed, '.1f', '%')}",
             fmt(bare_at and bare_at / 1e12, ".1f"), fmt(vs_bare(r, bare), ".2f"),
-            data_wait(r), fmt(host_share(r), ".2f"), fmt(memory, ".1f", " GiB"),
+            data_wait(r), r.get("loader_workers", ""), fmt(host_share(r), ".2f"), fmt(memory, ".1f", " GiB"),
             fmt(r["wall_s"], ".0f")]
 
 
@@ -151,12 +151,13 @@ def part2(state, commands, results) -> list[str]:
            "timed after the run, part 1's by one timed between its steps (an idle GPU's clocks run higher: 11-13% "
            "on the H200). padding: share of the batches' positions / share of the positions the encoder computed. "
            "data wait: host time in TrainStream.next / wall time (an upper bound: the host runs ahead of the "
-           "device). host in step: the host's median time in train_step (forward and backward queued) / the step's "
-           "time; near 1.00 the host is the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a "
-           "CPU: peak RSS).", ""]
+           "device). loader workers: data.num_workers as the run resolved it (auto: 4 on a GPU, fewer on a host "
+           "with few cores per process; 0 on a CPU). host in step: the host's median time in train_step (forward "
+           "and backward queued) / the step's time; near 1.00 the host is the limit, not the GPU. peak memory: "
+           "torch.cuda.max_memory_allocated (on a CPU: peak RSS).", ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
                   "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "data wait",
-                  "host in step", "peak memory", "wall s"],
+                  "loader workers", "host in step", "peak memory", "wall s"],
                  [pretrain_row(run, by_label.get(run["label"]), bare.get(tuple(run["bare"]))) for run in runs])
     padded, unpadded = by_label.get("bert_base-512-unpad-false"), by_label.get("bert_base-512-unpad-true")
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
@@ -232,14 +233,15 @@ def best_lamb_kernel(results) -> dict | None:
 
 
 def part5(state, commands, results) -> list[str]:
-    runs = [run for run in state["runs"] if "compile" in run["label"]]  # with 0, then 4 loader workers
+    runs = [run for run in state["runs"] if "compile" in run["label"]]  # data.num_workers auto, then 0
     first = runs[0]
     eager_label = first["label"].removesuffix("-compile")  # part 2's run of the same shape
     found = {r["label"]: r for part in ("2", "5") for r in results.get(part, [])}
     eager, compiled = found.get(eager_label), found.get(first["label"])
     bare = step_rows(results, "5-step").get(tuple(first["bare"]))
     named = [(f"eager (part 2's {eager_label})", eager_label)] + [
-        (", ".join(filter(None, ["train.compile=true", workers(run)])), run["label"]) for run in runs]
+        (", ".join(filter(None, ["train.compile=true", workers(run, found.get(run["label"]))])), run["label"])
+        for run in runs]
     body = []
     for name, label in named:
         r = found.get(label)
@@ -265,18 +267,20 @@ def part5(state, commands, results) -> list[str]:
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]
-    for run in runs[1:]:  # the same compiled loop with loader workers: what data.num_workers: auto would gain
+    for run in runs[1:]:  # the same compiled loop, batches made in the training process: what auto's workers gain
         r = found.get(run["label"])
         if compiled and r and compiled.get("tokens_per_s") and r.get("tokens_per_s"):
-            out += ["", f"With {workers(run)}: {r['tokens_per_s'] / compiled['tokens_per_s']:.2f}x the compiled "
-                    f"loop's real tokens/s without them (data wait {data_wait(compiled)} → {data_wait(r)})."]
+            out += ["", f"With {workers(run, r)}: {r['tokens_per_s'] / compiled['tokens_per_s']:.2f}x the real "
+                    f"tokens/s of the compiled loop with {workers(first, compiled) or 'data.num_workers auto'} (data "
+                    f"wait {data_wait(compiled)} → {data_wait(r)})."]
     return out + compiled_step(state, commands, results)
 
 
-def workers(run: dict) -> str:
-    """The loader workers a run sets ("" where it leaves data.num_workers at auto)."""
+def workers(run: dict, r: dict | None = None) -> str:
+    """The loader workers a run had: as its figures record them, else as it sets them ("": auto, unrecorded)."""
     counts = [s.split("=", 1)[1] for s in run["sets"] if s.startswith("data.num_workers=")]
-    return f"{counts[-1]} loader workers" if counts else ""
+    count = (r or {}).get("loader_workers", counts[-1] if counts else None)
+    return "" if count is None else f"{count} loader workers"
 
 
 def compiled_step(state, commands, results) -> list[str]:
@@ -414,8 +418,8 @@ def targets(state, commands, results) -> list[str]:
         judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
               f"{fmt(ratio, '.2f')} (data wait {data_wait(r)})",
               lambda v: v >= 0.9)
-    for run in state["runs"]:
-        if "compile" not in run["label"] or run["label"] not in runs:  # the compiled loop: a row only where it ran
+    for run in state["runs"]:  # the compiled loop as runs have it (not its "-workers-0" twin): only where it ran
+        if "compile" not in run["label"] or run["label"].endswith("-workers-0") or run["label"] not in runs:
             continue
         ratio = vs_bare(runs[run["label"]], compiled.get(tuple(run["bare"])))
         judge(f"pretrain {run['label']} (train.compile, part 5): within 10% of the compiled bare step", ratio,

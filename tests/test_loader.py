@@ -241,10 +241,24 @@ def test_stream_resumed_mid_run_equals_the_uninterrupted_stream(prepared):
     assert_same_batches(whole[-4:], tail)
 
 
-@pytest.mark.parametrize("setting, expected", [("auto", 0), (3, 3), (0, 0)])
-def test_worker_count(setting, expected):
-    """`auto` makes batches in the training process on every device (measured on a GPU: see the key's doc)."""
-    assert worker_count(setting) == expected
+@pytest.mark.parametrize("setting, device, cores, local, expected", [
+    ("auto", "cpu", 64, None, 0), ("auto", "mps", 64, None, 0), ("auto", "cuda", 16, None, 4),
+    ("auto", "cuda", 64, "8", 4), ("auto", "cuda", 16, "8", 1), ("auto", "cuda", 8, "8", 0), ("auto", "cuda", 1, "", 0),
+    (3, "cpu", 2, None, 3), (3, "cuda", 2, "8", 3), (0, "cuda", 64, None, 0)])
+def test_worker_count(monkeypatch, setting, device, cores, local, expected):
+    """`auto` makes batches in the training process off CUDA; on CUDA 4 workers, within the node's cores per training
+    process less one; a number is taken as it is."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    environ = {} if local is None else {"LOCAL_WORLD_SIZE": local}
+    assert worker_count(setting, device, environ) == expected
+
+
+def test_the_training_stream_resolves_auto_for_its_device(prepared, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    streams = {device: TrainStream(prepared, config(num_workers="auto"), seed=3, micro_batch_size=8, rank=0,
+                                   world_size=1, epoch=0, micro_batch=0, device_type=device) for device in ("cpu", "cuda")}
+    assert {device: stream.num_workers for device, stream in streams.items()} == {"cpu": 0, "cuda": 4}
 
 
 def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes_over_it(tmp_path):

@@ -47,14 +47,15 @@ class DataConfig:
     pad_to_multiple_of: int = opt(8, "Dynamic padding rounds the batch length up to a multiple of this.")
     num_workers: Union[int, Literal["auto"]] = opt(
         "auto", "DataLoader worker processes per training process (batches are identical for any value). `auto` "
-        "(default): 0, batches made in the training process: on a CPU the workers would take the model's cores; on "
-        "an H200 4 workers made a bert_large seq-128 loop 2% faster (6.1% of its time went to making batches "
-        "without them) and a bert_base loop no faster, when a worker sent each tensor of a batch on its own. It now "
-        "sends a batch as one buffer, which costs the training process 0.33-0.59x the time of making the batch "
-        "itself (2 CPU cores, benchmarks/loader_transfer.py), not yet measured on a GPU: none are started until a "
-        "measurement there shows them paying for their processes and memory. A number starts that many workers, "
-        "which serve every epoch and prefetch 4 micro-batches each; on CUDA batches are page-locked and copied "
-        "with non_blocking whatever the value. Evaluation uses workers only when this is a number.")
+        "(default): on a CUDA GPU 4, fewer where the node's cores per training process (LOCAL_WORLD_SIZE) leave less "
+        "than one core for the process itself; elsewhere 0, batches made in the training process, whose cores the "
+        "model uses. On an H200, 4 workers made a bert_large seq-128 loop 2% faster, where batches made in the "
+        "training process took 6.1% of its time (7.7% of the compiled loop's), even when a worker still sent each "
+        "tensor of a batch on its own; it now sends a batch as one buffer, which costs the training process "
+        "0.33-0.59x the time of making the batch itself (2 CPU cores, benchmarks/loader_transfer.py). A number "
+        "starts that many workers, which serve every epoch and prefetch 4 micro-batches each; 0 makes batches in "
+        "the training process. On CUDA batches are page-locked and copied with non_blocking whatever the value. "
+        "Evaluation uses workers only when this is a number.")
     eval_batches: int = opt(20, "Validation batches per evaluation (fixed masks, same every time).")
 
 

@@ -4,6 +4,7 @@ is dropped (uneven counts stall DDP); item m is a pure function of (data, config
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 from collections import OrderedDict
 from pathlib import Path
@@ -215,9 +216,20 @@ def ignore_ctrl_c(worker_id: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def worker_count(setting: int | str) -> int:
-    """`data.num_workers` as a number: `auto` is 0 (see the key's documentation: measured on a GPU)."""
-    return 0 if setting == "auto" else int(setting)
+# `data.num_workers: auto` on CUDA: at most this many workers, and one core per process left to the training process
+AUTO_WORKERS = 4
+
+
+def worker_count(setting: int | str, device_type: str = "cpu", environ=os.environ) -> int:
+    """`data.num_workers` as a number. `auto`: 0 off CUDA (workers would take the model's cores), on CUDA
+    AUTO_WORKERS within this process's share of the cores (LOCAL_WORLD_SIZE processes on the node), less one."""
+    if setting != "auto":
+        return int(setting)
+    if device_type != "cuda":
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local_processes = max(int(environ.get("LOCAL_WORLD_SIZE") or 1), 1)
+    return max(0, min(AUTO_WORKERS, cores // local_processes - 1))
 
 
 class RunDataset:

@@ -226,11 +226,10 @@ class Trainer:
         parts.monitor.start(state.step, state.total_steps)
         parts.monitor.event("start", state.step, total_steps=state.total_steps, parameters=num_parameters,
                             processes=accelerator.num_processes, device=str(accelerator.device))
-        if accelerator.is_main_process:
-            parts.monitor.message(
-                f"Training {num_parameters:,} parameters on {accelerator.num_processes} process(es), "
-                f"{parts.micro_batch_size} sequences per micro-batch x {train.gradient_accumulation_steps} "
-                f"accumulation, global batch {train.batch_size}, device {accelerator.device}.")
+        parts.monitor.message(  # the main process's (a NullMonitor elsewhere)
+            f"Training {num_parameters:,} parameters on {accelerator.num_processes} process(es) ({accelerator.device}, "
+            f"{parts.stream.num_workers} loader workers each), {parts.micro_batch_size} sequences per micro-batch x "
+            f"{train.gradient_accumulation_steps} accumulation, global batch {train.batch_size}.")
         try:
             with ctrl_c_saves():
                 while not self._done(state, session) and not self._one_step(parts, session):
