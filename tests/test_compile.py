@@ -124,6 +124,35 @@ def test_compiled_layers_under_gradient_checkpointing(attention, monkeypatch):
     assert graphs[0] > 0 and graphs[2] == graphs[-1], graphs
 
 
+def test_split_heads_backward_compiles_with_inductor_on_sdpa_math_path():
+    """SDPA's math path (a CPU's with attention dropout) hands split_heads strided gradients; under inductor its
+    `stack(out=)` kept their strides and the backward's flatten failed (the pruned last layer's one part). Now the
+    compiled backward gives the eager gradients, for one, two and three parts."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    B, T, K, heads, H = 4, 7, 3, 4, 64
+    x, weight = torch.randn(B, T, H, requires_grad=True), torch.randn(3 * H, H, requires_grad=True)
+    rows = torch.randint(0, T, (B, K))
+
+    def attention(x, weight, rows):
+        with sdpa_kernel(SDPBackend.MATH):
+            q, k, v = layers.split_heads(torch.nn.functional.linear(x, weight), 3, heads)  # every row
+            whole = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            q, = layers.split_heads(torch.nn.functional.linear(x.gather(1, rows[..., None].expand(-1, -1, H)),
+                                                               weight[:H]), 1, heads)  # the pruned layer's rows
+            k, v = layers.split_heads(torch.nn.functional.linear(x, weight[H:]), 2, heads)
+            pruned = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return whole.square().sum() + pruned.square().sum()
+
+    torch._dynamo.reset()
+    gradients = []
+    for function in (attention, torch.compile(attention, backend="inductor")):
+        gradients.append(torch.autograd.grad(function(x, weight, rows), (x, weight)))
+    for name, eager, compiled in zip(("x", "weight"), *gradients):
+        assert_rounding_close(compiled, eager, H, name=f"gradient of {name}")
+
+
 CUDA = torch.device("cuda", 0)
 
 

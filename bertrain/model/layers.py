@@ -87,8 +87,7 @@ class Embeddings(nn.Module):
             token_type_ids = token_type_ids.reshape(-1).index_select(0, packing.token_index)
             positions = self.position_embeddings(packing.positions)
         x = F.embedding(input_ids, self.word_embeddings.weight, sparse=sparse_grad)
-        x = x + self.token_type_embeddings(token_type_ids)
-        x = x + positions
+        x = x + self.token_type_embeddings(token_type_ids) + positions
         return dropout(self.layer_norm(x), self.dropout_prob, self.training)
 
 
@@ -133,10 +132,8 @@ class ParameterCopies(torch.autograd.Function):
         results = [torch.empty_like(grads[i], dtype=ctx.dtypes[i]) for i in given]
         if results:
             torch._foreach_copy_(results, [grads[i] for i in given])
-        out: list[torch.Tensor | None] = [None] * len(grads)
-        for i, result in zip(given, results):
-            out[i] = result
-        return (None, *out, *[None] * len(grads))  # nothing for the copies: they are not parameters
+        out = dict(zip(given, results))
+        return (None, *map(out.get, range(len(grads))), *[None] * len(grads))  # none for the copies: not parameters
 
 
 class SelfAttention(nn.Module):
@@ -190,9 +187,12 @@ class SplitHeads(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         B, heads, T, d = grads[0].shape
+        parts = [g.transpose(1, 2) for g in grads]  # parts × [B, T, heads, d]
+        if torch.compiler.is_compiling():  # inductor lays out the copy (under it out= kept a strided grad's strides)
+            return torch.stack(parts, dim=2).reshape(B, T, -1), None, None
         # out=: a stack may take its input's strides, and a strided gradient would cost autograd another copy
         whole = grads[0].new_empty(B, T, len(grads), heads, d)
-        torch.stack([g.transpose(1, 2) for g in grads], dim=2, out=whole)
+        torch.stack(parts, dim=2, out=whole)
         return whole.flatten(2), None, None  # [B, T, parts * H]
 
 
