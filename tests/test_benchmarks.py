@@ -156,3 +156,46 @@ def test_evaluate_vs_trainer_prints_scores_and_speed():
     speed = [line for line in out.splitlines() if line.endswith("examples/s") or "examples/s  (" in line]
     assert len(speed) == 2 and all(numbers(line)[0] > 0 for line in speed)
     assert numbers(next(line for line in out.splitlines() if line.startswith("speed-up")))[0] > 0
+
+
+def test_gpu_pretrain_compiles_the_encoder_whole_with_the_layers_losses(tiny_data, tmp_path):
+    """--compile-scope encoder (gpu_compile_probe.sh --encoder) compiles the encoder module, not its layers, and
+    trains to the losses of the per-layer compiled run ("aot_eager": AOTAutograd's graphs, torch's kernels)."""
+    import json
+    import os
+
+    losses = {}
+    for scope in ("layers", "encoder"):
+        run_dir = tmp_path / scope
+        out = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "gpu_pretrain.py"), "--last", "4", "--compile-backend", "aot_eager",
+             "--compile-scope", scope, "--", "--config", "tiny_bert", "--data", str(tiny_data), "--run-dir",
+             str(run_dir), "--set", "train.max_steps=6", "--set", "train.log_every=2", "--set", "train.eval_every=0",
+             "--set", "train.batch_size=4", "--set", "train.compile=true", "--set", "model.unpad=false"],
+            capture_output=True, text=True, timeout=600, env=dict(os.environ, WANDB_MODE="disabled"))
+        assert out.returncode == 0, out.stderr[-2000:]
+        result = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
+        assert result["compiled_graphs"] >= 1 and result["graph_breaks"] == 0, result
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[scope] = [r["loss"] for r in records if r.get("kind") == "train"]
+    assert len(losses["layers"]) == 3
+    assert losses["encoder"] == pytest.approx(losses["layers"], rel=1e-5)  # float32 rounding over 6 steps
+
+
+def test_compile_encoder_whole_compiles_the_encoder_module_instead_of_each_layer(monkeypatch):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu_pretrain
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from bertrain.config import load_config
+    from bertrain.model import build_model
+    from bertrain.model.layers import EncoderLayer
+    from bertrain.train import setup
+
+    monkeypatch.setattr(setup, "compile_layers", setup.compile_layers)  # restored after the test
+    gpu_pretrain.compile_encoder_whole()
+    model = build_model(load_config("tiny_bert", ["model.vocab_size=100"]).model)
+    assert setup.compile_layers(model, backend="eager") == 1
+    compiled = [name for name, module in model.named_modules() if module._compiled_call_impl is not None]
+    assert compiled == ["encoder"] and not any(isinstance(model.get_submodule(n), EncoderLayer) for n in compiled)
