@@ -52,6 +52,8 @@ def test_auto_compares_counts_only_where_it_is_the_process_own_choice(monkeypatc
     assert launched.candidates == [8] and "OMP_NUM_THREADS" in launched.reason and not launched.auto
     exact = plan_threads("auto", device_type="cpu", **{**common, "deterministic": True})
     assert exact.candidates == [8] and "deterministic" in exact.reason
+    compiled = plan_threads("auto", device_type="cpu", **{**common, "compiled": True})
+    assert compiled.candidates == [8] and "train.compile" in compiled.reason and not compiled.auto
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert plan_threads("auto", device_type="cpu", **common).candidates == [1]
 

@@ -192,9 +192,10 @@ class TrainConfig:
         "keeping the default unless another is over 15% faster: where another process keeps a core busy, "
         "the threads of every operation wait for the one whose core is taken (on 2 cores, 3-5x slower than 1 "
         "thread); on an idle machine nothing changes. `auto` leaves torch's count alone on a GPU, when "
-        "OMP_NUM_THREADS is set (`bertrain launch` and torchrun set it per process) and with train.deterministic "
-        "(the count changes float rounding; set a number to get the same bits in every session). A number sets "
-        "that count everywhere.")
+        "OMP_NUM_THREADS is set (`bertrain launch` and torchrun set it per process), with train.deterministic "
+        "(the count changes float rounding; set a number to get the same bits in every session) and with "
+        "train.compile true (torch.compile compiles for the count it runs at: each other count compiled again). "
+        "A number sets that count everywhere.")
     stop_at_step: Optional[int] = opt(
         None, "Save and stop (exit 0) after this step without changing the schedule: splits a run into jobs; "
         "resume with the same config.")

@@ -117,8 +117,9 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
     train, data = config.train, config.data
     accumulation = train.gradient_accumulation_steps
     flops = training_flops(config.model, micro_batch_size, data.max_seq_length, data.mlm_probability)
+    # once: it sets a fixed count as it plans
     plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=accelerator.num_processes,
-                        deterministic=train.deterministic)  # once: it sets a fixed count as it plans
+                        deterministic=train.deterministic, compiled=train.compile is True)
     rate = best_matmul_rate(accelerator, plan)
     expected = flops / (rate * MATMUL_SHARE)
     shape = f"{micro_batch_size} x {data.max_seq_length} tokens"

@@ -107,7 +107,7 @@ class Trainer:
         rank, world, is_main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
         micro_batch_size = micro_batch_size_for(config, world)
         self.thread_plan = plan_threads(train.threads, device_type=accelerator.device.type, world_size=world,
-                                        deterministic=train.deterministic)
+                                        deterministic=train.deterministic, compiled=train.compile is True)
         if train.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)

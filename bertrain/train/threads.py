@@ -40,9 +40,10 @@ class ThreadPlan:
 
 
 def plan_threads(setting: int | str, *, device_type: str, world_size: int, deterministic: bool,
-                 environ=os.environ, key: str = "train.threads") -> ThreadPlan | None:
+                 environ=os.environ, key: str = "train.threads", compiled: bool = False) -> ThreadPlan | None:
     """Set an int `setting` (of config `key`) now; for `auto` the counts to compare. None: leave torch's threads
-    and measure nothing (a GPU, or several processes, whose launcher set OMP_NUM_THREADS)."""
+    and measure nothing (a GPU, or several processes, whose launcher set OMP_NUM_THREADS). compiled: the run
+    compiles its layers."""
     if setting != "auto":
         torch.set_num_threads(int(setting))
     if device_type != "cpu" or world_size > 1:
@@ -52,6 +53,8 @@ def plan_threads(setting: int | str, *, device_type: str, world_size: int, deter
         return ThreadPlan([default], f"{key}={setting}")
     kept = ("OMP_NUM_THREADS is set" if environ.get("OMP_NUM_THREADS") else
             "train.deterministic keeps one count (the count changes float rounding)" if deterministic else
+            # torch.compile guards on the thread count: each count probed would compile the layers again
+            "train.compile keeps one count (another recompiles)" if compiled else
             "one core" if default == 1 else None)
     if kept:
         return ThreadPlan([default], f"{key}=auto: {kept}")
