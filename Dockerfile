@@ -1,9 +1,10 @@
 # bertrain on a CUDA PyTorch image: prepare corpora and pretrain BERT/ALBERT on GPUs.
 #   docker build -t bertrain .
-#   docker run --gpus all --rm -it -v "$PWD/work:/work" bertrain demo
-#   docker run --gpus all --rm -it -v "$PWD/work:/work" bertrain \
+#   docker run --gpus all --rm -it --shm-size=8g -v "$PWD/work:/work" bertrain demo
+#   docker run --gpus all --rm -it --shm-size=8g -v "$PWD/work:/work" bertrain \
 #       launch --nproc 8 pretrain --config albert_base --data data/wiki --run-dir runs/albert
-# (`bertrain launch` keeps the processes' exit codes: 75 means requeue; a bare launcher would say 1.)
+# (`bertrain launch` keeps the processes' exit codes: 75 means requeue; a bare launcher would say 1. --shm-size: loader
+# workers send batches through /dev/shm, 64 MiB by default.)
 # The base image already has CUDA torch, so the README's CPU torch line is left out here.
 FROM pytorch/pytorch:2.8.0-cuda12.9-cudnn9-runtime
 

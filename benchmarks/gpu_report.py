@@ -57,7 +57,8 @@ def header(state: dict, commands) -> list[str]:
              f"- torch {info.get('torch', 'n/a')}, CUDA {info.get('cuda', 'n/a')}, driver {info.get('driver', 'n/a')}",
              f"- transformers {info.get('transformers', 'n/a')}, accelerate {info.get('accelerate', 'n/a')}, "
              f"tokenizers {info.get('tokenizers', 'n/a')}, Triton {info.get('triton') or 'n/a'}, Python "
-             f"{info.get('python', 'n/a')}, {info.get('cores', 'n/a')} CPU cores",
+             f"{info.get('python', 'n/a')}, {info.get('cores', 'n/a')} CPU cores"
+             + (f", /dev/shm {info['shm_free_gib']} GiB free" if "shm_free_gib" in info else ""),
              f"- date: {info.get('date', 'n/a')}; bertrain commit {info.get('commit', 'n/a')}",
              f"- suite: `{state['argv']}`, {done} after {state.get('elapsed_s', 0):.0f} s; "
              f"scratch (data, run dirs; removed at the end): {state['scratch']}"]

@@ -293,6 +293,8 @@ def stop_group(process: subprocess.Popen) -> None:
 def machine_info(env: dict) -> dict:
     """Versions and the GPU, from a child process (this one never touches the GPU), and nvidia-smi's driver."""
     info: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cores": os.cpu_count()}
+    with contextlib.suppress(OSError):  # loader workers' batches travel here (data.num_workers auto wants 1 GiB)
+        info["shm_free_gib"] = round(shutil.disk_usage("/dev/shm").free / 2**30, 1)
     try:
         info.update(json.loads(subprocess.run([PY, "-c", INFO], capture_output=True, text=True, timeout=60,
                                               env=env).stdout.strip().splitlines()[-1]))

@@ -313,6 +313,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(LOGS + ["report.md", "results.json"])  # <= 8 files
     report = (out / "report.md").read_text()
+    assert re.search(r"CPU cores, /dev/shm [\d.]+ GiB free", report)  # where loader workers send their batches
     for heading in ["## Commands", "## Status"] + [f"## {n}. " for n in range(1, 9)]:
         assert heading in report, heading
     assert "failed to render" not in report and "no figure" not in report

@@ -13,8 +13,9 @@ import torch
 from bertrain.batch_layout import IGNORE_INDEX, map_tensors
 from bertrain.config import DataConfig, load_config
 from bertrain.data import loader as loader_module
+from bertrain.data import workers as workers_module
 from bertrain.data.format import open_prepared
-from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches, worker_count
+from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches
 from bertrain.errors import UsageError
 from bertrain.train.stream import TrainStream
 from tests.helpers import make_prepared_dir
@@ -241,21 +242,10 @@ def test_stream_resumed_mid_run_equals_the_uninterrupted_stream(prepared):
     assert_same_batches(whole[-4:], tail)
 
 
-@pytest.mark.parametrize("setting, device, cores, local, expected", [
-    ("auto", "cpu", 64, None, 0), ("auto", "mps", 64, None, 0), ("auto", "cuda", 16, None, 4),
-    ("auto", "cuda", 64, "8", 4), ("auto", "cuda", 16, "8", 1), ("auto", "cuda", 8, "8", 0), ("auto", "cuda", 1, "", 0),
-    (3, "cpu", 2, None, 3), (3, "cuda", 2, "8", 3), (0, "cuda", 64, None, 0)])
-def test_worker_count(monkeypatch, setting, device, cores, local, expected):
-    """`auto` makes batches in the training process off CUDA; on CUDA 4 workers, within the node's cores per training
-    process less one; a number is taken as it is."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    environ = {} if local is None else {"LOCAL_WORLD_SIZE": local}
-    assert worker_count(setting, device, environ) == expected
-
-
 def test_the_training_stream_resolves_auto_for_its_device(prepared, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(workers_module, "shared_memory_free", lambda: 8 << 30)  # not this machine's /dev/shm
     streams = {device: TrainStream(prepared, config(num_workers="auto"), seed=3, micro_batch_size=8, rank=0,
                                    world_size=1, epoch=0, micro_batch=0, device_type=device) for device in ("cpu", "cuda")}
     assert {device: stream.num_workers for device, stream in streams.items()} == {"cpu": 0, "cuda": 4}

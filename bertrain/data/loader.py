@@ -4,7 +4,6 @@ is dropped (uneven counts stall DDP); item m is a pure function of (data, config
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 from collections import OrderedDict
 from pathlib import Path
@@ -18,6 +17,7 @@ from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, in
                                    word_start_table)
 from bertrain.data.pairs import EpochPlan, build_plan
 from bertrain.data.split_index import SplitIndex, gather_bits, gather_tokens, index_split
+from bertrain.data.workers import worker_count, worker_died_error
 from bertrain.errors import DataError, UsageError
 
 _KEY_STREAMS = {"train": 1, "validation": 2}
@@ -194,10 +194,15 @@ def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory:
     from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
 
     # batch_size=None: each item already is a micro-batch; the sampler is just the keys.
-    for packed in DataLoader(PackedItems(dataset), batch_size=None, sampler=keys, num_workers=num_workers,
-                             persistent_workers=True, pin_memory=pin_memory, prefetch_factor=4,
-                             worker_init_fn=ignore_ctrl_c):
-        yield packed.unpack()
+    loader = DataLoader(PackedItems(dataset), batch_size=None, sampler=keys, num_workers=num_workers,
+                        persistent_workers=True, pin_memory=pin_memory, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
+    try:
+        for packed in loader:
+            yield packed.unpack()
+    except RuntimeError as error:  # torch's words for a worker killed (a bus error: /dev/shm full) or gone
+        if "DataLoader worker (pid" not in str(error):
+            raise
+        raise worker_died_error(error) from None
 
 
 class PackedItems:
@@ -214,22 +219,6 @@ def ignore_ctrl_c(worker_id: int = 0) -> None:
     """In a loader worker: a Ctrl-C reaches the terminal's whole process group, workers included; the training
     process finishes its step and saves, and needs its workers alive (and silent) until then."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-# `data.num_workers: auto` on CUDA: at most this many workers, and one core per process left to the training process
-AUTO_WORKERS = 4
-
-
-def worker_count(setting: int | str, device_type: str = "cpu", environ=os.environ) -> int:
-    """`data.num_workers` as a number. `auto`: 0 off CUDA (workers would take the model's cores), on CUDA
-    AUTO_WORKERS within this process's share of the cores (LOCAL_WORLD_SIZE processes on the node), less one."""
-    if setting != "auto":
-        return int(setting)
-    if device_type != "cuda":
-        return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    local_processes = max(int(environ.get("LOCAL_WORLD_SIZE") or 1), 1)
-    return max(0, min(AUTO_WORKERS, cores // local_processes - 1))
 
 
 class RunDataset:

@@ -9,7 +9,8 @@ from typing import Iterator
 import torch
 
 from bertrain.data.loader import (RunDataset, empty_epoch_error, epoch_plan, iterate_micro_batches,
-                                  num_micro_batches, worker_count)
+                                  num_micro_batches)
+from bertrain.data.workers import choose_workers
 
 
 @contextlib.contextmanager
@@ -31,7 +32,8 @@ class TrainStream:
         `data.num_workers: auto` starts workers); worker processes serve every epoch."""
         self.prepared, self.data_config, self.seed = prepared, data_config, seed
         self.pin_memory = device_type == "cuda"
-        self.num_workers = worker_count(data_config.num_workers, device_type)
+        self.workers = choose_workers(data_config.num_workers, device_type)
+        self.num_workers = self.workers.count
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self.epoch, self.micro_batch = epoch, micro_batch
         self._iterator: Iterator | None = None
