@@ -247,7 +247,8 @@ def test_the_training_stream_resolves_auto_for_its_device(prepared, monkeypatch)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(workers_module, "shared_memory_free", lambda: 8 << 30)  # not this machine's /dev/shm
     streams = {device: TrainStream(prepared, config(num_workers="auto"), seed=3, micro_batch_size=8, rank=0,
-                                   world_size=1, epoch=0, micro_batch=0, device_type=device) for device in ("cpu", "cuda")}
+                                   world_size=1, epoch=0, micro_batch=0, device_type=device)
+               for device in ("cpu", "cuda")}
     assert {device: stream.num_workers for device, stream in streams.items()} == {"cpu": 0, "cuda": 4}
 
 

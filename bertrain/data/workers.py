@@ -68,7 +68,7 @@ def worker_died_error(error: BaseException) -> DataError:
     """The error for a loader worker that died (most often of a full /dev/shm: a bus error)."""
     free = shared_memory_free()
     room = f"{free / 2**20:,.0f} MiB free now" if free is not None else "not found"
-    return DataError(f"A data loader worker process died: {str(error).rstrip('.')}. Workers send their batches through shared memory "
-                     f"({SHARED_MEMORY}: {room}); a container's default 64 MiB runs out: {CONTAINER_HINT}, or set "
-                     f"data.num_workers=0 (batches made in the training process). The same command resumes from "
-                     f"the last checkpoint.")
+    return DataError(f"A data loader worker process died: {str(error).rstrip('.')}. Workers send their batches "
+                     f"through shared memory ({SHARED_MEMORY}: {room}); a container's default 64 MiB runs out: "
+                     f"{CONTAINER_HINT}, or set data.num_workers=0 (batches made in the training process). The same "
+                     f"command resumes from the last checkpoint.")
