@@ -33,8 +33,9 @@ def test_auto_starts_none_where_shared_memory_is_a_containers_default(monkeypatc
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     short = choose_workers("auto", "cuda", {}, shared_free=64 << 20)
     assert short.count == 0 and "/dev/shm has 64 MiB free" in short.why_none and "--shm-size" in short.why_none
-    assert short.describe().startswith("no loader workers (data.num_workers auto: /dev/shm has 64 MiB free")
-    assert choose_workers("auto", "cuda", {}, shared_free=AUTO_MIN_SHARED_MEMORY).describe() == "4 loader workers"
+    assert short.describe().startswith("no loader workers: data.num_workers auto: /dev/shm has 64 MiB free")
+    assert choose_workers("auto", "cuda", {}, shared_free=AUTO_MIN_SHARED_MEMORY).describe() == \
+        "4 loader workers a process"
     assert choose_workers(2, "cuda", {}, shared_free=64 << 20).count == 2  # a number: the user's choice
     assert choose_workers("auto", "cpu", {}, shared_free=64 << 20).describe() == "no loader workers"
 

@@ -25,9 +25,9 @@ class WorkerChoice:
     why_none: str | None = None
 
     def describe(self) -> str:
-        """'4 loader workers', or 'no loader workers (why)'."""
-        return f"{self.count} loader workers" if self.count else \
-            "no loader workers" + (f" ({self.why_none})" if self.why_none else "")
+        """'4 loader workers a process', or 'no loader workers: why'."""
+        return f"{self.count} loader workers a process" if self.count else \
+            "no loader workers" + (f": {self.why_none}" if self.why_none else "")
 
 
 def shared_memory_free(path: str = SHARED_MEMORY) -> int | None:

@@ -227,8 +227,8 @@ class Trainer:
         parts.monitor.event("start", state.step, total_steps=state.total_steps, parameters=num_parameters,
                             processes=accelerator.num_processes, device=str(accelerator.device))
         parts.monitor.message(  # the main process's (a NullMonitor elsewhere)
-            f"Training {num_parameters:,} parameters on {accelerator.num_processes} process(es) ({accelerator.device}, "
-            f"{parts.stream.workers.describe()} each), {parts.micro_batch_size} sequences per micro-batch x "
+            f"Training {num_parameters:,} parameters on {accelerator.num_processes} process(es) ({accelerator.device}; "
+            f"{parts.stream.workers.describe()}), {parts.micro_batch_size} sequences per micro-batch x "
             f"{train.gradient_accumulation_steps} accumulation, global batch {train.batch_size}.")
         try:
             with ctrl_c_saves():
