@@ -15,6 +15,7 @@ from rich.table import Table
 from bertrain.config import Config
 from bertrain.console import human_bytes, human_seconds
 from bertrain.data.loader import epoch_tokens
+from bertrain.data.workers import choose_workers
 from bertrain.errors import BertrainError
 from bertrain.train import fault_hooks
 from bertrain.train.checkpoint import choose_checkpoint, data_info
@@ -155,7 +156,8 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         ("measured step time", f"{step:.3f} s ({accumulation} micro-batch(es))"),
         ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)"),
         ("torch.compile", f"on ({why}): measured eager; the run's compiled step should be faster" if compiled
-         else f"off ({why})")]))
+         else f"off ({why})"),
+        ("data.num_workers", choose_workers(data.num_workers, accelerator.device.type).describe())]))
 
 
 @dataclass
