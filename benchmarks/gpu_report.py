@@ -153,9 +153,9 @@ def part2(state, commands, results) -> list[str]:
            "on the H200). padding: share of the batches' positions / share of the positions the encoder computed. "
            "data wait: host time in TrainStream.next / wall time (an upper bound: the host runs ahead of the "
            "device). loader workers: data.num_workers as the run resolved it (auto: 4 on a GPU, fewer on a host "
-           "with few cores per process, none with under 1 GiB free in /dev/shm; 0 on a CPU). host in step: the host's median time in train_step (forward "
-           "and backward queued) / the step's time; near 1.00 the host is the limit, not the GPU. peak memory: "
-           "torch.cuda.max_memory_allocated (on a CPU: peak RSS).", ""]
+           "with few cores per process, none with under 1 GiB free in /dev/shm; 0 on a CPU). host in step: the "
+           "host's median time in train_step (forward and backward queued) / the step's time; near 1.00 the host is "
+           "the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).", ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
                   "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "data wait",
                   "loader workers", "host in step", "peak memory", "wall s"],
