@@ -64,7 +64,7 @@ class Probe:
 
         def timed_next(stream_self):
             start = time.perf_counter()
-            self.started, self.loader_workers = self.started or start, stream_self.num_workers
+            self.started, self.loader_workers = self.started or start, stream_self.workers.count
             try:
                 return next_batch(stream_self)
             finally:

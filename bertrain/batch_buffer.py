@@ -61,13 +61,9 @@ def _tensors_in(batch: Any) -> list[torch.Tensor]:
 
 
 def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
-    """The tensor of `slot` as a view of `buffer` (a uint8 tensor that starts its storage)."""
-    stride, step = [], 1
-    for size in reversed(slot.shape):  # contiguous
-        stride.insert(0, step)
-        step *= max(size, 1)
+    """The tensor of `slot` as a contiguous view of `buffer` (a uint8 tensor that starts its storage)."""
     return torch.empty(0, dtype=slot.dtype, device=buffer.device).set_(
-        buffer.untyped_storage(), slot.offset // slot.dtype.itemsize, slot.shape, stride)
+        buffer.untyped_storage(), slot.offset // slot.dtype.itemsize, slot.shape)  # no stride given: contiguous
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

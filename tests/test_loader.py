@@ -249,7 +249,7 @@ def test_the_training_stream_resolves_auto_for_its_device(prepared, monkeypatch)
     streams = {device: TrainStream(prepared, config(num_workers="auto"), seed=3, micro_batch_size=8, rank=0,
                                    world_size=1, epoch=0, micro_batch=0, device_type=device)
                for device in ("cpu", "cuda")}
-    assert {device: stream.num_workers for device, stream in streams.items()} == {"cpu": 0, "cuda": 4}
+    assert {device: stream.workers.count for device, stream in streams.items()} == {"cpu": 0, "cuda": 4}
 
 
 def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes_over_it(tmp_path):

@@ -49,14 +49,14 @@ class DataConfig:
         "auto", "DataLoader worker processes per training process (batches are identical for any value). `auto` "
         "(default): on a CUDA GPU 4, fewer where the node's cores per training process (LOCAL_WORLD_SIZE) leave less "
         "than one core for the process itself, none with under 1 GiB free in /dev/shm, through which workers send "
-        "batches (Docker's default is 64 MiB: run containers with --shm-size=8g or --ipc=host); elsewhere 0, "
-        "batches made in the training process, whose cores the model uses. On an H200, 4 workers made a bert_large seq-128 loop 2% faster, where batches made in the "
-        "training process took 6.1% of its time (7.7% of the compiled loop's), even when a worker still sent each "
-        "tensor of a batch on its own; it now sends a batch as one buffer, which costs the training process "
-        "0.33-0.59x the time of making the batch itself (2 CPU cores, benchmarks/loader_transfer.py). A number "
-        "starts that many workers, which serve every epoch and prefetch 4 micro-batches each; 0 makes batches in "
-        "the training process. On CUDA batches are page-locked and copied with non_blocking whatever the value. "
-        "Evaluation uses workers only when this is a number.")
+        "batches (Docker's default is 64 MiB: run containers with --shm-size=8g or --ipc=host); elsewhere 0, batches "
+        "made in the training process, whose cores the model uses. On an H200, 4 workers made a bert_large seq-128 "
+        "loop 2% faster, where batches made in the training process took 6.1% of its time (7.7% of the compiled "
+        "loop's), even when a worker still sent each tensor of a batch on its own; it now sends a batch as one buffer,"
+        " which costs the training process 0.33-0.59x the time of making the batch itself (2 CPU cores, "
+        "benchmarks/loader_transfer.py). A number starts that many workers, which serve every epoch and prefetch 4 "
+        "micro-batches each; 0 makes batches in the training process. On CUDA batches are page-locked and copied with "
+        "non_blocking whatever the value. Evaluation uses workers only when this is a number.")
     eval_batches: int = opt(20, "Validation batches per evaluation (fixed masks, same every time).")
 
 

@@ -32,8 +32,7 @@ class TrainStream:
         `data.num_workers: auto` starts workers); worker processes serve every epoch."""
         self.prepared, self.data_config, self.seed = prepared, data_config, seed
         self.pin_memory = device_type == "cuda"
-        self.workers = choose_workers(data_config.num_workers, device_type)
-        self.num_workers = self.workers.count
+        self.workers = choose_workers(data_config.num_workers, device_type)  # how many loader workers, and why
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self.epoch, self.micro_batch = epoch, micro_batch
         self._iterator: Iterator | None = None
@@ -61,7 +60,8 @@ class TrainStream:
                 dataset = RunDataset(self.prepared, self.data_config, seed=self.seed,
                                      micro_batch_size=self.micro_batch_size, rank=self.rank,
                                      world_size=self.world_size)
-                self._iterator = iterate_micro_batches(dataset, self._positions(), self.num_workers, self.pin_memory)
+                self._iterator = iterate_micro_batches(dataset, self._positions(), self.workers.count,
+                                                       self.pin_memory)
             batch = next(self._iterator)
         self.micro_batch += 1
         return batch
