@@ -11,8 +11,8 @@
 # The first: bert_base at seq 128 and 512 and albert_base (LAMB) at 128 compiled, and albert_base eager (that call
 # also timed the Triton LayerNorm, since removed: no win). --next: bert_large's compiled loop with
 # inductor's C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: is the compiled loop's host its limit?), with model.unpad
-# false (static shapes), bert_base's with data.num_workers auto, 4 loader workers (the suite's part 5 runs
-# bert_large's compiled loop with auto and with 0 workers itself), and ALBERT's shared weight copies
+# false (static shapes), bert_base's with 4 loader workers (the suite's part 5 runs bert_large's compiled loop
+# with auto's 0 and with 4 workers itself), and ALBERT's shared weight copies
 # (benchmarks/shared_copies.py). --cudagraphs:
 # bert_large's compiled loop on static shapes (model.unpad false: [128, 128] batches, nearly all), without and with
 # inductor's CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, what mode="reduce-overhead" sets): the host's launches gone,
@@ -20,7 +20,9 @@
 # bert_large's compiled loop with its layers compiled one by one (bertrain's train.compile), then with the encoder
 # module compiled whole (gpu_pretrain.py --compile-scope encoder: the 24 layers inlined in one graph, one guard check
 # and one AOTAutograd call a direction instead of 24; 14-31% less time a step on a 2-core CPU at width 64,
-# same losses; compiling takes about 2.6x as long): whether one graph lifts the host-bound compiled loop.
+# same losses; compiling takes about 2.6x as long): whether one graph lifts the host-bound compiled loop. On the
+# H200 (2026-11-27 15:40, both with 0 loader workers) it did not: 69.7 ms a step whole (21 steps measured, the first
+# after 50.4 s) against 68.0 ms per layer (benchmarks/results/gpu_compile_encoder_2026-11-27_h200.jsonl).
 set -u
 usage="usage: bash benchmarks/gpu_compile_probe.sh OUT_DIR [--next | --cudagraphs | --encoder]"
 out="${1:?$usage}"; mkdir -p "$out"; PY=${PYTHON:-python3}
@@ -58,9 +60,8 @@ elif [ "${2:-}" = --next ]; then
   (export TORCHINDUCTOR_CPP_WRAPPER=1; run bert_large-128-compile-cpp-wrapper 150 50 80 bert_large 128 128 \
     train.compile=true)
   run bert_large-128-compile-unpad-false 50 100 150 bert_large 128 128 train.compile=true model.unpad=false
-  # data.num_workers auto (4 loader workers on a GPU since 2026-11-27's evening; against that morning's
-  # bert_base-128-compile in gpu_compile_2026-11-27_h200.log, made with none)
-  run bert_base-128-compile-workers-auto 50 150 250 bert_base 256 128 train.compile=true
+  # 4 loader workers (against bert_base-128-compile in gpu_compile_2026-11-27_h200.log, made with none)
+  run bert_base-128-compile-with-workers 50 150 250 bert_base 256 128 train.compile=true data.num_workers=4
   # ALBERT's shared weight copies against a copy per application, at albert-large seq 512 (where one cast per
   # application ran at 0.88x autocast's cached casts on the H200)
   timeout 120 $PY benchmarks/shared_copies.py --device cuda --config albert_large --batch 16 --seq 512 --rounds 5 \

@@ -61,7 +61,7 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "5", "2",
                                                                           "7", "2", "4"]
     assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile",
-                                                "bert_large-128-compile-workers-0", "bert_large-128-workers-0",
+                                                "bert_large-128-compile-with-workers", "bert_large-128-with-workers",
                                                 "profile-compile", "loader-transfer", "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
     before_compile = sum(c.expect for c in commands[:-7]) + 10  # + the version probe
@@ -108,8 +108,8 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # LAMB's kernel configurations
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 30 s needed"  # taking a batch from workers
     commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
-    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the eager loop, 0 workers
-    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 0 workers
+    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the eager loop, 4 workers
+    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
     assert not gpu_suite.suite_failed({}, commands)
     commands[-7].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
@@ -173,7 +173,7 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                      data_wait_share=0.01, host_train_step_ms_median=54.0,
                      padding_share=0.05, computed_padding_share=0.05, peak_memory_gb=30.0, wall_s=50.0,
                      first_step_s=2.0, compiled_graphs=1, graph_breaks=0, time_limited=False,
-                     loader_workers=0 if run["label"].endswith("-workers-0") else 4) for run in runs]
+                     loader_workers=4 if run["label"].endswith("-with-workers") else 0) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
@@ -231,26 +231,26 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
-    assert [row[12] for row in table_rows(report, "## 2.")] == ["4"] * 4 + ["0"]  # the runs' loader workers
+    assert [row[12] for row in table_rows(report, "## 2.")] == ["0"] * 4 + ["4"]  # the runs' loader workers
     assert {row[13] for row in table_rows(report, "## 2.")} == {"0.90"}  # the host 54 ms of a 60 ms step
-    # the compiled loops, with auto's 4 and with 0 loader workers (290.4 T each), against the compiled bare step:
+    # the compiled loops, with auto's 0 and with 4 loader workers (290.4 T each), against the compiled bare step:
     # 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T: 0.82; the eager loop's row has no such figure
     loops = table_rows(report, "## 5.")[:3]
     assert [(row[0], row[4], row[-2], row[-1]) for row in loops] == [
         ("eager (part 2's bert_large-128)", "1.0%", "0", ""),
-        ("train.compile=true, 4 loader workers", "1.0%", "0", "0.82"),
-        ("train.compile=true, 0 loader workers", "1.0%", "0", "0.82")]
-    assert ("With 0 loader workers: 1.00x the real tokens/s of the compiled loop with 4 loader workers (data wait "
+        ("train.compile=true, 0 loader workers", "1.0%", "0", "0.82"),
+        ("train.compile=true, 4 loader workers", "1.0%", "0", "0.82")]
+    assert ("With 4 loader workers: 1.00x the real tokens/s of the compiled loop with 0 loader workers (data wait "
             "1.0% → 1.0%).") in report
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
     assert [row[6:] for row in table_rows(report, "## 5.")[3:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
     assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 1 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed
     judged = {row[0]: row[1:] for row in table_rows(report, "## 8.")}
-    # the compiled loop with data.num_workers auto; its twin without workers is a measurement, not the target
+    # the compiled loop with data.num_workers auto; its twin with workers is a measurement, not the target
     assert judged["pretrain bert_large-128-compile (train.compile, part 5): within 10% of the compiled bare step"] \
         == ["0.82", "**NOT met**"]
-    assert not any("workers-0" in name for name in judged)
+    assert not any("with-workers" in name for name in judged)
     assert [row[0] for row in table_rows(report, "## 8.")[2:4]] == [
         "bert-large seq 128 (train.compile, part 5): useful MFU >= 50%",
         "bert-large seq 128 (train.compile, part 5): >= 1.5x transformers"]
@@ -343,9 +343,9 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
               if line.startswith("    4  ")]  # the 4-row micro-batches' rows
     assert [line[7:35].strip() for line in taking] == list(loader_transfer.VARIANTS), taking
     assert all(float(line.split()[-4]) > 0 and line.endswith("x") for line in taking), taking
-    assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile", "bert_large-128-compile-workers-0"]
-    # auto on a CPU: none; bert_large's runs stand in for auto on a GPU with 2 workers; "-workers-0": none
-    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0, 2, 0, 0, 0, 2, 0]
+    assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile", "bert_large-128-compile-with-workers"]
+    # auto: none; the "-with-workers" twins stand in for the GPU's 4 with 2 workers
+    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0, 0, 0, 0, 2, 0, 2]
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
     # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each
     assert all(r["graph_breaks"] >= 1 for r in figures["5"])
@@ -365,7 +365,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
     assert {row[-1] for row in table_rows(report, "## 8.")} <= {"met", "**NOT met**", "not measured"}
-    # 18 targets: the compiled loop is judged at data.num_workers auto only, not its "-workers-0" twin
+    # 18 targets: the compiled loop is judged at data.num_workers auto only, not its "-with-workers" twin
     assert len(table_rows(report, "## 8.")) == 18
     assert any(row[0].startswith("pretrain bert_large-128-compile (") for row in table_rows(report, "## 8."))
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them

@@ -13,7 +13,6 @@ import torch
 from bertrain.batch_layout import IGNORE_INDEX, map_tensors
 from bertrain.config import DataConfig, load_config
 from bertrain.data import loader as loader_module
-from bertrain.data import workers as workers_module
 from bertrain.data.format import open_prepared
 from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches
 from bertrain.errors import UsageError
@@ -242,14 +241,12 @@ def test_stream_resumed_mid_run_equals_the_uninterrupted_stream(prepared):
     assert_same_batches(whole[-4:], tail)
 
 
-def test_the_training_stream_resolves_auto_for_its_device(prepared, monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    monkeypatch.setattr(workers_module, "shared_memory_free", lambda: 8 << 30)  # not this machine's /dev/shm
-    streams = {device: TrainStream(prepared, config(num_workers="auto"), seed=3, micro_batch_size=8, rank=0,
-                                   world_size=1, epoch=0, micro_batch=0, device_type=device)
-               for device in ("cpu", "cuda")}
-    assert {device: stream.workers.count for device, stream in streams.items()} == {"cpu": 0, "cuda": 4}
+def test_the_training_stream_makes_batches_in_process_under_auto_on_any_device(prepared):
+    streams = [TrainStream(prepared, config(num_workers=setting), seed=3, micro_batch_size=8, rank=0, world_size=1,
+                           epoch=0, micro_batch=0, device_type=device)
+               for device, setting in (("cpu", "auto"), ("cuda", "auto"), ("cuda", 2))]
+    assert [stream.workers.count for stream in streams] == [0, 0, 2]
+    assert [stream.pin_memory for stream in streams] == [False, True, True]
 
 
 def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes_over_it(tmp_path):

@@ -1,5 +1,5 @@
-"""`data.num_workers` (bertrain/data/workers.py): what `auto` starts on each device and host, and the error a loader
-worker's death gives (a full /dev/shm kills one with a bus error)."""
+"""`data.num_workers` (bertrain/data/workers.py): what `auto` and a number start, the warning a short /dev/shm gives,
+and the error a loader worker's death gives (a full /dev/shm kills one with a bus error)."""
 
 from __future__ import annotations
 
@@ -10,34 +10,25 @@ import pytest
 
 from bertrain.data import workers
 from bertrain.data.loader import iterate_micro_batches
-from bertrain.data.workers import AUTO_MIN_SHARED_MEMORY, choose_workers
+from bertrain.data.workers import MIN_SHARED_MEMORY, choose_workers
 from bertrain.errors import DataError
 
 PLENTY = 8 << 30  # bytes free in /dev/shm
 
 
-@pytest.mark.parametrize("setting, device, cores, local, expected", [
-    ("auto", "cpu", 64, None, 0), ("auto", "mps", 64, None, 0), ("auto", "cuda", 16, None, 4),
-    ("auto", "cuda", 64, "8", 4), ("auto", "cuda", 16, "8", 1), ("auto", "cuda", 8, "8", 0), ("auto", "cuda", 1, "", 0),
-    (3, "cpu", 2, None, 3), (3, "cuda", 2, "8", 3), (0, "cuda", 64, None, 0)])
-def test_auto_starts_workers_on_cuda_within_the_cores_of_each_process(monkeypatch, setting, device, cores, local,
-                                                                      expected):
-    """`auto` makes batches in the training process off CUDA; on CUDA 4 workers, within the node's cores per training
-    process less one; a number is taken as it is."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    environ = {} if local is None else {"LOCAL_WORLD_SIZE": local}
-    assert choose_workers(setting, device, environ, shared_free=PLENTY).count == expected
+@pytest.mark.parametrize("setting, expected", [("auto", 0), (0, 0), (3, 3), ("2", 2)])
+def test_auto_makes_batches_in_the_training_process_and_a_number_starts_that_many(setting, expected):
+    assert choose_workers(setting, shared_free=PLENTY) == workers.WorkerChoice(expected)
+    assert workers.worker_count(setting) == expected
 
 
-def test_auto_starts_none_where_shared_memory_is_a_containers_default(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    short = choose_workers("auto", "cuda", {}, shared_free=64 << 20)
-    assert short.count == 0 and "/dev/shm has 64 MiB free" in short.why_none and "--shm-size" in short.why_none
-    assert short.describe().startswith("no loader workers: data.num_workers auto: /dev/shm has 64 MiB free")
-    assert choose_workers("auto", "cuda", {}, shared_free=AUTO_MIN_SHARED_MEMORY).describe() == \
-        "4 loader workers a process"
-    assert choose_workers(2, "cuda", {}, shared_free=64 << 20).count == 2  # a number: the user's choice
-    assert choose_workers("auto", "cpu", {}, shared_free=64 << 20).describe() == "no loader workers"
+def test_workers_with_a_containers_default_shared_memory_are_warned_about():
+    short = choose_workers(4, shared_free=64 << 20)
+    assert short.count == 4, "a number is the user's choice: started, with a warning"
+    assert short.describe().startswith("4 loader workers a process; /dev/shm has 64 MiB free, under 1,024 MiB")
+    assert "--shm-size=8g" in short.describe()
+    assert choose_workers(4, shared_free=MIN_SHARED_MEMORY).describe() == "4 loader workers a process"
+    assert choose_workers("auto", shared_free=64 << 20).describe() == "no loader workers", "no workers, no warning"
 
 
 class DiesInTheWorker:

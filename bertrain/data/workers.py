@@ -3,31 +3,30 @@ Workers send their batches through shared memory (/dev/shm), which a container l
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 
 from bertrain.errors import DataError
 
-AUTO_WORKERS = 4  # `auto` on CUDA: at most this many, one core per training process left to that process
 SHARED_MEMORY = "/dev/shm"
-# `auto` starts workers only with this much free: room for the 16 batches 4 workers prefetch at over a million tokens
-# each (a batch is ~50 bytes a token), where Docker's default 64 MiB holds 16 of 128 x 512 at most
-AUTO_MIN_SHARED_MEMORY = 1 << 30
+# Workers with less than this free get a warning: 4 workers prefetch 16 batches of ~50 bytes a token, over a
+# million tokens each at 256 x 512, where Docker's default 64 MiB holds 16 of 128 x 512 at most
+MIN_SHARED_MEMORY = 1 << 30
 CONTAINER_HINT = "run the container with --shm-size=8g or --ipc=host"
 
 
 @dataclass(frozen=True)
 class WorkerChoice:
-    """The workers `data.num_workers` starts, and why `auto` started none on a GPU (None: nothing to say)."""
+    """The workers `data.num_workers` starts, and a warning about them (None: nothing to say)."""
 
     count: int
-    why_none: str | None = None
+    warning: str | None = None
 
     def describe(self) -> str:
-        """'4 loader workers a process', or 'no loader workers: why'."""
-        return f"{self.count} loader workers a process" if self.count else \
-            "no loader workers" + (f": {self.why_none}" if self.why_none else "")
+        """'no loader workers', '4 loader workers a process' or '4 loader workers a process; warning'."""
+        if not self.count:
+            return "no loader workers"
+        return f"{self.count} loader workers a process" + (f"; {self.warning}" if self.warning else "")
 
 
 def shared_memory_free(path: str = SHARED_MEMORY) -> int | None:
@@ -38,30 +37,22 @@ def shared_memory_free(path: str = SHARED_MEMORY) -> int | None:
         return None
 
 
-def choose_workers(setting: int | str, device_type: str = "cpu", environ=os.environ,
-                   shared_free: int | None = None) -> WorkerChoice:
-    """`data.num_workers` resolved. `auto`: none off CUDA (a CPU's cores run the model); on CUDA AUTO_WORKERS within
-    this process's share of the cores (LOCAL_WORLD_SIZE processes on the node) less one, and none where shared
-    memory is short (`shared_free`: measured when not given)."""
-    if setting != "auto":
-        return WorkerChoice(int(setting))
-    if device_type != "cuda":
-        return WorkerChoice(0)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    local_processes = max(int(environ.get("LOCAL_WORLD_SIZE") or 1), 1)
-    count = max(0, min(AUTO_WORKERS, cores // local_processes - 1))
+def choose_workers(setting: int | str, shared_free: int | None = None) -> WorkerChoice:
+    """`data.num_workers` resolved: `auto` makes batches in the training process (an H200 measured that the faster
+    loop); a number starts that many, with a warning where /dev/shm is short (`shared_free`: measured when None)."""
+    count = 0 if setting == "auto" else int(setting)
     if count == 0:
-        return WorkerChoice(0, f"data.num_workers auto: {cores} cores for {local_processes} training process(es)")
+        return WorkerChoice(0)
     free = shared_memory_free() if shared_free is None else shared_free
-    if free is not None and free < AUTO_MIN_SHARED_MEMORY:
-        return WorkerChoice(0, f"data.num_workers auto: {SHARED_MEMORY} has {free / 2**20:,.0f} MiB free, under "
-                               f"{AUTO_MIN_SHARED_MEMORY >> 20:,} MiB; for workers, {CONTAINER_HINT}")
+    if free is not None and free < MIN_SHARED_MEMORY:
+        return WorkerChoice(count, f"{SHARED_MEMORY} has {free / 2**20:,.0f} MiB free, under "
+                                   f"{MIN_SHARED_MEMORY >> 20:,} MiB: a worker dies when it fills; {CONTAINER_HINT}")
     return WorkerChoice(count)
 
 
-def worker_count(setting: int | str, device_type: str = "cpu", environ=os.environ) -> int:
-    """choose_workers' count."""
-    return choose_workers(setting, device_type, environ).count
+def worker_count(setting: int | str) -> int:
+    """The workers `data.num_workers` starts."""
+    return 0 if setting == "auto" else int(setting)
 
 
 def worker_died_error(error: BaseException) -> DataError:

@@ -157,7 +157,7 @@ def estimate_time(model, accelerator, console: Console, config: Config, prepared
         ("estimated time", f"{human_seconds(step * total_steps)} (without evaluation and checkpoints)"),
         ("torch.compile", f"on ({why}): measured eager; the run's compiled step should be faster" if compiled
          else f"off ({why})"),
-        ("data.num_workers", choose_workers(data.num_workers, accelerator.device.type).describe())]))
+        ("data.num_workers", choose_workers(data.num_workers).describe())]))
 
 
 @dataclass

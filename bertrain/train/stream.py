@@ -28,11 +28,11 @@ class TrainStream:
 
     def __init__(self, prepared, data_config, *, seed: int, micro_batch_size: int, rank: int, world_size: int,
                  epoch: int, micro_batch: int, device_type: str = "cpu") -> None:
-        """device_type: where the batches go (on CUDA they are page-locked, for non_blocking copies, and
-        `data.num_workers: auto` starts workers); worker processes serve every epoch."""
+        """device_type: where the batches go (on CUDA they are page-locked, for non_blocking copies); worker
+        processes serve every epoch."""
         self.prepared, self.data_config, self.seed = prepared, data_config, seed
         self.pin_memory = device_type == "cuda"
-        self.workers = choose_workers(data_config.num_workers, device_type)  # how many loader workers, and why
+        self.workers = choose_workers(data_config.num_workers)  # how many loader workers, and any warning
         self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
         self.epoch, self.micro_batch = epoch, micro_batch
         self._iterator: Iterator | None = None
