@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -199,3 +200,35 @@ def test_compile_encoder_whole_compiles_the_encoder_module_instead_of_each_layer
     assert setup.compile_layers(model, backend="eager") == 1
     compiled = [name for name, module in model.named_modules() if module._compiled_call_impl is not None]
     assert compiled == ["encoder"] and not any(isinstance(model.get_submodule(n), EncoderLayer) for n in compiled)
+
+
+def test_gpu_bisect_runs_a_command_in_each_commits_snapshot_with_its_own_bertrain(tmp_path):
+    """gpu_bisect.sh: prepare snapshots a commit (bertrain, benchmarks, configs); run runs the command in it, with the
+    snapshot's bertrain imported, and names each commit and its exit in the summary."""
+    if subprocess.run(["git", "-C", str(BENCHMARKS.parent), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("no git history here (gpu_bisect.sh prepares snapshots from it)")
+    env = {**os.environ, "BISECT_DIR": str(tmp_path / "snapshots"), "PYTHON": sys.executable}
+    script = str(BENCHMARKS / "gpu_bisect.sh")
+
+    def bisect(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", script, *args], capture_output=True, text=True, env=env, timeout=300)
+
+    assert bisect("prepare", "no-such-commit").returncode == 2
+    assert bisect("prepare", "HEAD").returncode == 0
+    head = subprocess.run(["git", "-C", str(BENCHMARKS.parent), "rev-parse", "--short=7", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    snapshot = tmp_path / "snapshots" / head
+    assert (snapshot / "bertrain" / "model" / "layers.py").is_file() and (snapshot / "configs").is_dir()
+    out = tmp_path / "out"
+    ran = bisect("run", str(out), sys.executable, "-c", "import bertrain, model_step; print(bertrain.__file__)")
+    assert ran.returncode == 1, "model_step lives in benchmarks/, not on the path: the command fails, and says so"
+    assert "(exit 1)" in (out / "summary.txt").read_text()
+    # a script in a folder of its own, as benchmarks/*.py are: that folder on sys.path, not the snapshot
+    which = tmp_path / "which.py"
+    which.write_text("import bertrain\nprint('imported', bertrain.__file__)\n")
+    ran = bisect("run", str(out), sys.executable, str(which))
+    assert ran.returncode == 0, ran.stderr
+    log = (out / f"{head}.log").read_text()
+    assert f"imported {snapshot / 'bertrain' / '__init__.py'}" in log, log
+    summary = (out / "summary.txt").read_text()
+    assert summary.startswith(f"== {head} ") and "(exit 0)" in summary, summary
