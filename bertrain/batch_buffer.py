@@ -35,16 +35,20 @@ class PackedBatch:
     def pack(cls, batch: Any, pin_memory: bool = False) -> "PackedBatch":
         """Copy every tensor of `batch` into one new buffer (page-locked if asked), each at an ALIGN-byte boundary."""
         tensors, slots, size = [], [], 0
-        for tensor in _tensors_in(batch):
+
+        def place(tensor: torch.Tensor) -> Slot:  # the skeleton and the layout in one walk through the batch
+            nonlocal size
             size = -(-size // ALIGN) * ALIGN
             tensors.append(tensor)
             slots.append(Slot(size, tensor.dtype, tuple(tensor.shape)))
             size += tensor.numel() * tensor.element_size()
+            return slots[-1]
+
+        skeleton = map_tensors(batch, place)
         buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory)
         for tensor, slot in zip(tensors, slots):
             _view(buffer, slot).copy_(tensor)
-        slot_of = iter(slots)
-        return cls(buffer, map_tensors(batch, lambda tensor: next(slot_of)))
+        return cls(buffer, skeleton)
 
     def pin_memory(self) -> "PackedBatch":
         return PackedBatch(self.buffer.pin_memory(), self.skeleton)

@@ -21,15 +21,24 @@ def map_tensors(value, fn, leaf: type | None = None):
     e.g. to(). leaf: apply it to the instances of this type instead."""
     import torch  # loaded already wherever there are tensors
 
-    if isinstance(value, leaf or torch.Tensor):
+    return _map(value, fn, leaf or torch.Tensor)
+
+
+_PLAIN = (int, float, str, np.ndarray)   # a batch's host values: nothing to map inside them
+
+
+def _map(value, fn, leaf: type):
+    if isinstance(value, leaf):
         return fn(value)
+    if value is None or isinstance(value, _PLAIN):  # most of a batch's leaves: skip the dataclass test
+        return value
     if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn, leaf)
+        return dataclasses.replace(value, **{f.name: _map(getattr(value, f.name), fn, leaf)
                                              for f in dataclasses.fields(value)})
     if isinstance(value, dict):
-        return {key: map_tensors(item, fn, leaf) for key, item in value.items()}
+        return {key: _map(item, fn, leaf) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(map_tensors(item, fn, leaf) for item in value)
+        return type(value)(_map(item, fn, leaf) for item in value)
     return value
 
 
@@ -103,9 +112,10 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 def is_right_padded(real: np.ndarray) -> bool:
     """Every row is real tokens from position 0, then only padding (the packed path needs it)."""
-    lengths = real.sum(1)
-    prefix = np.arange(real.shape[1])[None, :] < lengths[:, None]
-    return bool((lengths > 0).all()) and bool((prefix == real).all())
+    if not real.shape[1]:
+        return not len(real)
+    # No padding before a real token: the prefix test without comparing every position to its row's length.
+    return bool(real[:, 0].all()) and not (real[:, 1:] & ~real[:, :-1]).any()
 
 
 def plan_buckets(lengths: np.ndarray, max_buckets: int = MAX_BUCKETS) -> list[np.ndarray]:
@@ -150,20 +160,23 @@ def _bucket(members: np.ndarray, lengths: np.ndarray, start: int) -> Bucket:
 
 
 def pack_lengths(lengths: np.ndarray, width: int) -> tuple[Packing, np.ndarray]:
-    """(packing of right-padded rows of these lengths, [B, T] packed row of each position); host work only."""
+    """(packing of right-padded rows of these lengths, [B] packed row of each row's first position: position t
+    of row b is packed row first[b] + t); host work only."""
     lengths = np.asarray(lengths, dtype=np.int64)
     sequence = np.argsort(-lengths, kind="stable")                            # batch rows, packed order
     sorted_lengths = lengths[sequence]
-    sequence_start = np.concatenate([[0], np.cumsum(sorted_lengths)[:-1]])
-    start = int(sorted_lengths.sum())
+    ends = np.cumsum(sorted_lengths)
+    sequence_start = ends - sorted_lengths
+    start = int(ends[-1]) if len(ends) else 0
     position = np.arange(start) - np.repeat(sequence_start, sorted_lengths)   # [N]
-    token_index = np.repeat(sequence, sorted_lengths) * width + position
+    token_index = np.repeat(sequence * width, sorted_lengths)
+    token_index += position
     first = np.empty(len(lengths), dtype=np.int64)
     first[sequence] = sequence_start
     starts = np.append(sequence_start, start).astype(np.int32)  # a GPU's variable-length attention reads these
-    packing = Packing(_tensor(token_index.astype(np.int64)), _tensor(position.astype(np.int64)), _tensor(first),
-                      lengths, width, _tensor(starts), int(sorted_lengths.max(initial=0)))
-    return packing, first[:, None] + np.arange(width)[None, :]
+    packing = Packing(_tensor(token_index), _tensor(position), _tensor(first), lengths, width, _tensor(starts),
+                      int(sorted_lengths.max(initial=0)))
+    return packing, first
 
 
 def buckets_of(packing: Packing, max_buckets: int = MAX_BUCKETS) -> list[Bucket]:
@@ -182,24 +195,29 @@ def buckets_of(packing: Packing, max_buckets: int = MAX_BUCKETS) -> list[Bucket]
 def batch_layout(attention_mask: np.ndarray, labels: np.ndarray, sentence_label: np.ndarray | None = None
                  ) -> BatchLayout:
     """The layout of a [B, T] batch from its numpy mask and labels (CPU tensors; host work only)."""
-    real = np.asarray(attention_mask).astype(bool)
+    real = np.asarray(attention_mask).astype(bool, copy=False)
     labels = np.asarray(labels)
     B, T = real.shape
     predicted = labels != IGNORE_INDEX
-    rows_b, rows_t = np.nonzero(predicted)                                     # row-major, like mask indexing
+    # Flat indices b * T + t, row-major like mask indexing (np.nonzero's order; flatnonzero is ~4x faster).
+    flat = np.flatnonzero(predicted)
+    rows_b, rows_t = np.divmod(flat, T)
     needed = predicted.copy()
     needed[:, 0] = True
-    K = int(needed.sum(1).max()) if B else 1
-    # A stable sort puts each row's needed positions ([CLS], then the predicted ones) first, ascending.
-    rows = np.argsort(~needed, axis=1, kind="stable")[:, :K]                   # [B, K]
-    in_rows_b, in_rows_k = np.nonzero(np.take_along_axis(predicted, rows, axis=1))
+    K = int((np.bincount(rows_b, minlength=B) + ~predicted[:, 0]).max()) if B else 1   # most needed in a row
+    # Each row's needed positions ([CLS], then the predicted ones) first, ascending, then the others ascending:
+    # argsort(~needed, stable)'s order, as a sort of distinct keys (2x faster than the argsort).
+    key = (~needed) * np.int32(T)
+    key += np.arange(T, dtype=np.int32)
+    rows = np.sort(key, axis=1)[:, :K] % np.int32(T)                            # [B, K]
     labelled = 0 if sentence_label is None else int((np.asarray(sentence_label) != IGNORE_INDEX).sum())
-    index = [rows_b * T + rows_t, labels[rows_b, rows_t], rows, in_rows_b * K + in_rows_k]
-    layout = BatchLayout(B, T, int(len(rows_b)), int(real.sum()), labelled, K,
+    index = [flat, labels.reshape(-1)[flat], rows, np.flatnonzero(np.take_along_axis(predicted, rows, axis=1))]
+    lengths = real.sum(1)
+    layout = BatchLayout(B, T, int(len(flat)), int(lengths.sum()), labelled, K,
                          *(_tensor(np.asarray(a, dtype=np.int64)) for a in index))
-    if B and is_right_padded(real) and not predicted[~real].any():
-        layout.packing, row_of = pack_lengths(real.sum(1), T)
-        layout.predicted_rows = _tensor(row_of[rows_b, rows_t].astype(np.int64))
+    if B and is_right_padded(real) and not (predicted & ~real).any():
+        layout.packing, first = pack_lengths(lengths, T)
+        layout.predicted_rows = _tensor(first[rows_b] + rows_t)
     return layout
 
 

@@ -13,7 +13,7 @@ from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings
 from bertrain.data import pair_chunks
 from bertrain.data.pair_chunks import random_b
 from bertrain.data.pairs import build_plan
-from bertrain.data.split_index import gather_tokens
+from bertrain.data.split_index import gather_tokens, read_bits, read_spans
 from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import DataError
 from tests.helpers import make_prepared_dir
@@ -63,6 +63,28 @@ def test_instances_are_assembled_from_the_plan_spans(prepared):
             batch.input_ids.shape[1] - width)
         assert batch.attention_mask[row].sum() == width
         assert batch.sentence_label[row] == plan.sentence_label[instance]
+
+
+@pytest.mark.parametrize("bits", [False, True])
+def test_read_spans_writes_what_gather_tokens_reads(bits):
+    """Span by span (the loader's read) equals token by token: shards of any size, empty spans, spans across
+    shards (the fallback), packed bits."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        sizes = rng.integers(0, 40, int(rng.integers(1, 5)))
+        shards = [(np.packbits(rng.random(n) < 0.5) if bits else rng.integers(0, 60000, n).astype(np.uint16))
+                  for n in sizes]
+        base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        starts = rng.integers(0, base[-1] + 1, 8)
+        lengths = np.minimum(rng.integers(0, 12, 8), base[-1] - starts)
+        at = np.cumsum(lengths + rng.integers(0, 3, 8)) - lengths
+        read = read_bits if bits else (lambda array, local: array[local])
+        out = np.full(int(at[-1] + lengths[-1]) + 2, -1, dtype=np.int64)
+        read_spans(shards, base, starts, lengths, out, at, read)
+        expected = np.full_like(out, -1)
+        for start, length, place in zip(starts, lengths, at):
+            expected[place:place + length] = gather_tokens(shards, base, np.arange(start, start + length), read)
+        assert out.tolist() == expected.tolist()
 
 
 def test_nsp_half_negatives_always_from_another_document(prepared):

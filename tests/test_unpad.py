@@ -251,6 +251,16 @@ def test_labels_at_padding_keep_the_padded_path():
     assert layout.packing is None and planned(layout, "true", 768)[0] == "pruned"
 
 
+def test_right_padded_means_a_real_prefix_in_every_row():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        B, T = rng.integers(0, 4), rng.integers(0, 5)
+        lengths = rng.integers(0, T + 1, B)
+        real = np.arange(T)[None, :] < lengths[:, None] if rng.random() < 0.5 else rng.random((B, T)) < 0.7
+        prefix = np.arange(T)[None, :] < real.sum(1)[:, None]
+        assert is_right_padded(real) == bool((real.sum(1) > 0).all() and (prefix == real).all())
+
+
 def test_collator_layout_equals_the_masks():
     """The host-built index tensors pick exactly what boolean-mask indexing picks."""
     batch = make_batch(LENGTHS["varied"], seed=9)

@@ -16,7 +16,8 @@ from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
 from bertrain.data.pairs import EpochPlan, build_plan
-from bertrain.data.split_index import SplitIndex, gather_bits, gather_tokens, index_split
+from bertrain.data.split_index import (SplitIndex, gather_tokens, index_split, read_bits, read_spans,
+                                      span_positions)
 from bertrain.data.workers import worker_count, worker_died_error
 from bertrain.errors import DataError, UsageError
 
@@ -139,28 +140,33 @@ class MicroBatchDataset:
         length = a_length + 2 + (b_length + 1 if self.pairs else 0)                  # [B]
         width = -(-int(length.max()) // self.multiple) * self.multiple
         width = min(width, max(self.max_seq_length, int(length.max())))           # never past the position table
-        column = np.arange(width)[None, :]                                         # [1, T]
-        in_a = (column >= 1) & (column <= a_length[:, None])                       # [B, T]
-        b_first = (a_length + 2)[:, None]
-        in_b = (column >= b_first) & (column < b_first + b_length[:, None]) if self.pairs else np.zeros_like(in_a)
-        source = np.where(in_a, a_start[:, None] + column - 1, b_start[:, None] + column - b_first)
-        text = in_a | in_b
-        input_ids = np.full((len(ids), width), self.special_tokens["pad"], dtype=np.int64)
-        input_ids[text] = gather_tokens(self._tokens, self.token_base, source[text])
         rows = np.arange(len(ids))
+        # The text as spans (A, then B, of each row), read span by span and written to their flat [B * T] places.
+        if self.pairs:
+            starts, lengths = np.stack([a_start, b_start], 1).ravel(), np.stack([a_length, b_length], 1).ravel()
+            places = np.stack([rows * width + 1, rows * width + a_length + 2], 1).ravel()
+        else:
+            starts, lengths, places = a_start, a_length, rows * width + 1
+        text_at = span_positions(places, lengths)
+        input_ids = np.full((len(ids), width), self.special_tokens["pad"], dtype=np.int64)
+        read_spans(self._tokens, self.token_base, starts, lengths, input_ids.reshape(-1), places)
+        special = np.ones(input_ids.shape, dtype=bool)
+        special.reshape(-1)[text_at] = False
         input_ids[:, 0] = self.special_tokens["cls"]
         input_ids[rows, a_length + 1] = self.special_tokens["sep"]
         if self.pairs:
             input_ids[rows, length - 1] = self.special_tokens["sep"]
+        column = np.arange(width)[None, :]                                         # [1, T]
         attention = column < length[:, None]
-        token_type = (attention & (column >= b_first)).astype(np.int64) if self.pairs else np.zeros_like(input_ids)
+        token_type = (attention & (column >= (a_length + 2)[:, None])).astype(np.int64) if self.pairs \
+            else np.zeros_like(input_ids)
         keys = instance_keys(self.seed, _KEY_STREAMS[self.split_name], self.epoch, positions)
         label = plan.sentence_label[ids] if self.pairs else None
         word_start = None
         if self._word_starts is not None:
             word_start = np.zeros(input_ids.shape, dtype=bool)
-            word_start[text] = gather_bits(self._word_starts, self.token_base, source[text])
-        return AssembledBatch(input_ids, token_type, attention, ~text, label, keys, word_start)
+            read_spans(self._word_starts, self.token_base, starts, lengths, word_start.reshape(-1), places, read_bits)
+        return AssembledBatch(input_ids, token_type, attention, special, label, keys, word_start)
 
     def __getitem__(self, micro_batch: int) -> dict[str, Any]:
         if not 0 <= micro_batch < len(self):

@@ -6,6 +6,7 @@ an instance."""
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ _STREAM = np.uint64(0xD1B54A32D192ED03)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _TO_UNIT = 2.0 ** -53
+_SHIFTS = tuple(np.uint64(n) for n in (30, 27, 31, 11))
 _NEVER = np.uint64(2 ** 64 - 1)   # the order key of tokens that are never chosen (keyed bits have 53 bits)
 FILL_PASSES = 3                   # passes that fill what a unit too long for the rest of the budget left over
 
@@ -50,28 +52,45 @@ def mask_tokens(input_ids, special_tokens_mask, vocab_size: int, mask_token_id: 
     return masked, labels
 
 
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of a fresh uint64 array, in place (a batch's [B, T] arrays: no temporaries to allocate)."""
+    x += _GOLDEN
+    x ^= x >> _SHIFTS[0]
+    x *= _MIX1
+    x ^= x >> _SHIFTS[1]
+    x *= _MIX2
+    x ^= x >> _SHIFTS[2]
+    return x
+
+
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's output function of state x + golden: a bijective uint64 mixer (vectorized)."""
     with np.errstate(over="ignore"):
-        x = x.astype(np.uint64) + _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * _MIX1
-        x = (x ^ (x >> np.uint64(27))) * _MIX2
-        return x ^ (x >> np.uint64(31))
+        return _mix(x.astype(np.uint64))
+
+
+@functools.lru_cache(maxsize=64)
+def _key_head(seed: int, stream: int, epoch: int) -> np.ndarray:
+    """[1] uint64 hash of (seed, stream, epoch): the same for every instance of an epoch, so made once."""
+    head = np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    for part in (stream, epoch):
+        head = splitmix64(head ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF))
+    head.flags.writeable = False   # shared by every call with these arguments
+    return head
 
 
 def instance_keys(seed: int, stream: int, epoch: int, positions: np.ndarray) -> np.ndarray:
     """[B] uint64 key of each instance: a hash of (seed, stream (split), epoch, position in the epoch)."""
-    head = np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
-    for part in (stream, epoch):
-        head = splitmix64(head ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF))
-    return splitmix64(head ^ np.asarray(positions).astype(np.uint64))
+    return splitmix64(_key_head(seed, stream, epoch) ^ np.asarray(positions).astype(np.uint64))
 
 
 def keyed_bits(keys: np.ndarray, units: np.ndarray, stream: int) -> np.ndarray:
     """53 random bits per (key, unit, stream): SplitMix64 output `unit` of a generator seeded with the key."""
     with np.errstate(over="ignore"):
         counter = units.astype(np.uint64) * _GOLDEN + np.uint64(stream) * _STREAM
-        return splitmix64(keys ^ counter) >> np.uint64(11)
+        bits = _mix(np.bitwise_xor(keys, counter, dtype=np.uint64))
+        bits >>= _SHIFTS[3]
+        return bits
 
 
 def threshold(probability: float) -> np.uint64:
@@ -210,17 +229,23 @@ def _choose(settings: MaskingSettings, keys: np.ndarray, units: np.ndarray, elig
     """[B, T] bool: tokens chosen for prediction, predictions_per_row of them in whole units (spans of words
     for ngram) taken in random order; units too long for what is left are skipped and the rest filled."""
     budget = predictions_per_row(settings, eligible)
-    chosen = np.zeros(units.shape, dtype=bool)
+    chosen = np.zeros(eligible.shape, dtype=bool)
     if settings.masking == "ngram":
         chosen = _take_in_order(np.where(eligible, _span_order(settings, keys, units), _NEVER), budget)
     unit_order = keyed_bits(keys[:, None], units, STREAM_PRIORITY)
-    length = np.ones_like(units) if settings.masking == "token" else _unit_lengths(units, eligible)
+    # A token is a unit of length 1: it fits in any row with room left.
+    length = None if settings.masking == "token" else _unit_lengths(units, eligible)
     for _ in range(FILL_PASSES):
-        rows = np.flatnonzero(chosen.sum(axis=1) < budget)      # only rows with room left
+        taken = chosen.sum(axis=1)
+        rows = np.flatnonzero(taken < budget)      # only rows with room left
         if not len(rows):
             break
-        left = budget[rows] - chosen[rows].sum(axis=1)
-        fits = eligible[rows] & ~chosen[rows] & (length[rows] <= left[:, None])
+        if len(rows) == len(budget):   # every row (the first pass, mostly): views, not copies of [B, T] arrays
+            rows = slice(None)
+        left = budget[rows] - taken[rows]
+        fits = eligible[rows] & ~chosen[rows]
+        if length is not None:
+            fits &= length[rows] <= left[:, None]
         chosen[rows] |= _take_in_order(np.where(fits, unit_order[rows], _NEVER), left)
     return chosen
 
@@ -231,7 +256,7 @@ def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.nda
     `word_start` [B, T] the tokens that start words as prepare stored them (None: the tokenizer's marks)."""
     eligible = ~special
     if settings.masking == "token":
-        units = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
+        units = np.arange(input_ids.shape[1])[None, :]       # [1, T]: each token its own unit, in every row
     else:
         # A word starts at a marked token, at a special token, and right after one (segment starts).
         after_special = np.zeros_like(special)
@@ -240,20 +265,21 @@ def mask_batch(settings: MaskingSettings, input_ids: np.ndarray, special: np.nda
         starts = marked | special | after_special
         units = np.cumsum(starts, axis=1) - 1                # [B, T] word index within the row
     chosen = _choose(settings, keys, units, eligible)
-    # The 80/10/10 draws are made only where needed: per chosen unit, then per randomized token.
-    rows, columns = np.nonzero(chosen)
-    action = keyed_bits(keys[rows], units[rows, columns], STREAM_ACTION)
+    # The 80/10/10 draws are made only where needed: per chosen unit, then per randomized token. Chosen
+    # tokens by flat index b * T + t, row-major (np.nonzero's order; flatnonzero is ~4x faster on [B, T]).
+    flat = np.flatnonzero(chosen)
+    rows, columns = np.divmod(flat, chosen.shape[1])
+    action = keyed_bits(keys[rows], columns if settings.masking == "token" else units[rows, columns], STREAM_ACTION)
     to_mask = action < threshold(settings.mask_prob)
     to_random = ~to_mask & (action < threshold(settings.mask_prob + settings.random_prob))
-    random_rows, random_columns = rows[to_random], columns[to_random]
     span = settings.vocab_size - FIRST_REGULAR_ID
-    random_ids = FIRST_REGULAR_ID + (keyed_uniform(keys[random_rows], random_columns, STREAM_RANDOM_ID)
+    random_ids = FIRST_REGULAR_ID + (keyed_uniform(keys[rows[to_random]], columns[to_random], STREAM_RANDOM_ID)
                                      * span).astype(np.int64)
     masked = input_ids.copy()
-    masked[rows[to_mask], columns[to_mask]] = settings.mask_token_id
-    masked[random_rows, random_columns] = random_ids
+    masked.reshape(-1)[flat[to_mask]] = settings.mask_token_id
+    masked.reshape(-1)[flat[to_random]] = random_ids
     labels = np.full(input_ids.shape, IGNORE_INDEX, dtype=np.int64)
-    labels[rows, columns] = input_ids[rows, columns]
+    labels.reshape(-1)[flat] = input_ids.reshape(-1)[flat]
     return masked, labels
 
 

@@ -63,7 +63,7 @@ def index_split(split: Split) -> SplitIndex:
 def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray,
                   read=lambda array, local: array[local]) -> np.ndarray:
     """Token ids (int64) at global token positions (any shape), read from the memory-mapped shards
-    (`read(shard array, shard-local positions)` reads other per-token arrays, see gather_bits)."""
+    (`read(shard array, shard-local positions)` reads other per-token arrays, e.g. read_bits)."""
     flat = positions.reshape(-1)
     shard = np.searchsorted(token_base, flat, side="right") - 1
     if len(flat) == 0 or shard.min() == shard.max():
@@ -80,11 +80,37 @@ def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, posit
     return out.reshape(positions.shape)
 
 
+def span_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions start..start+length-1 of each span, concatenated in span order (int64)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    before = np.cumsum(lengths) - lengths                    # output positions before each span
+    return np.repeat(np.asarray(starts, dtype=np.int64) - before, lengths) + np.arange(int(lengths.sum()))
+
+
+def read_spans(shards_tokens: list[np.ndarray], token_base: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+               out: np.ndarray, at: np.ndarray, read=lambda array, local: array[local]) -> None:
+    """Write the tokens of each span [start, start + length) to the flat array `out` from index `at` on: gather_tokens
+    with one shard lookup per span instead of a sort of every token by shard (a span lies in one document)."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    if not len(starts):
+        return
+    used = lengths > 0
+    shard = np.searchsorted(token_base, starts, side="right") - 1
+    if (shard != np.searchsorted(token_base, starts + lengths - 1, side="right") - 1)[used].any():
+        out[span_positions(at, lengths)] = gather_tokens(shards_tokens, token_base, span_positions(starts, lengths),
+                                                         read)   # a span across shards: never one of a plan
+        return
+    shard = np.where(used, shard, 0)     # an empty span's start may lie past the last shard
+    order = np.argsort(shard, kind="stable")                # spans grouped by shard: one fancy read per shard
+    shard, lengths = shard[order], lengths[order]
+    local = span_positions(starts[order] - token_base[shard], lengths)
+    place = span_positions(np.asarray(at, dtype=np.int64)[order], lengths)
+    first_span = np.flatnonzero(np.concatenate([[True], shard[1:] != shard[:-1]]))
+    bounds = np.append(np.concatenate([[0], np.cumsum(lengths)])[first_span], len(local))
+    for k, first, last in zip(shard[first_span], bounds[:-1], bounds[1:]):
+        out[place[first:last]] = read(shards_tokens[k], local[first:last])
+
+
 def read_bits(packed: np.ndarray, local: np.ndarray) -> np.ndarray:
     """Bits at positions of an np.packbits array (big-endian bit order)."""
     return (packed[local >> 3] >> (7 - (local & 7)).astype(np.uint8)) & 1
-
-
-def gather_bits(shards_bits: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Per-token bits (bool) at global token positions, from the shards' packed bit arrays (word starts)."""
-    return gather_tokens(shards_bits, token_base, positions, read_bits).astype(bool)
