@@ -11,9 +11,8 @@
 # The first: bert_base at seq 128 and 512 and albert_base (LAMB) at 128 compiled, and albert_base eager (that call
 # also timed the Triton LayerNorm, since removed: no win). --next: bert_large's compiled loop with
 # inductor's C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: is the compiled loop's host its limit?), with model.unpad
-# false (static shapes), bert_base's with 4 loader workers (the suite's part 5 runs bert_large's compiled loop
-# with auto's 0 and with 4 workers itself), and ALBERT's shared weight copies
-# (benchmarks/shared_copies.py). --cudagraphs:
+# false (static shapes), bert_base's with 4 loader workers (data.num_workers auto is 0), and ALBERT's shared weight
+# copies (benchmarks/shared_copies.py). --cudagraphs:
 # bert_large's compiled loop on static shapes (model.unpad false: [128, 128] batches, nearly all), without and with
 # inductor's CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, what mode="reduce-overhead" sets): the host's launches gone,
 # the most any host-side work can lift that loop (the suite's part 7 says how long its device waits). --encoder:

@@ -153,7 +153,7 @@ def part2(state, commands, results) -> list[str]:
            "on the H200). padding: share of the batches' positions / share of the positions the encoder computed. "
            "data wait: host time in TrainStream.next / wall time (an upper bound: the host runs ahead of the "
            "device). loader workers: data.num_workers as the run resolved it (auto: 0, batches made in the training "
-           "process; the -with-workers run sets 4). host in step: the "
+           "process). host in step: the "
            "host's median time in train_step (forward and backward queued) / the step's time; near 1.00 the host is "
            "the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).", ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
@@ -234,7 +234,7 @@ def best_lamb_kernel(results) -> dict | None:
 
 
 def part5(state, commands, results) -> list[str]:
-    runs = [run for run in state["runs"] if "compile" in run["label"]]  # data.num_workers auto (0), then 4
+    runs = [run for run in state["runs"] if "compile" in run["label"]]
     first = runs[0]
     eager_label = first["label"].removesuffix("-compile")  # part 2's run of the same shape
     found = {r["label"]: r for part in ("2", "5") for r in results.get(part, [])}
@@ -268,12 +268,6 @@ def part5(state, commands, results) -> list[str]:
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]
-    for run in runs[1:]:  # the same compiled loop with loader workers: what they would gain
-        r = found.get(run["label"])
-        if compiled and r and compiled.get("tokens_per_s") and r.get("tokens_per_s"):
-            out += ["", f"With {workers(run, r)}: {r['tokens_per_s'] / compiled['tokens_per_s']:.2f}x the real "
-                    f"tokens/s of the compiled loop with {workers(first, compiled) or 'data.num_workers auto'} (data "
-                    f"wait {data_wait(compiled)} → {data_wait(r)})."]
     return out + compiled_step(state, commands, results)
 
 
@@ -419,8 +413,8 @@ def targets(state, commands, results) -> list[str]:
         judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
               f"{fmt(ratio, '.2f')} (data wait {data_wait(r)})",
               lambda v: v >= 0.9)
-    for run in state["runs"]:  # the compiled loop as runs have it (not its "-with-workers" twin): only where it ran
-        if "compile" not in run["label"] or run["label"].endswith("-with-workers") or run["label"] not in runs:
+    for run in state["runs"]:  # the compiled loop: only where it ran
+        if "compile" not in run["label"] or run["label"] not in runs:
             continue
         ratio = vs_bare(runs[run["label"]], compiled.get(tuple(run["bare"])))
         judge(f"pretrain {run['label']} (train.compile, part 5): within 10% of the compiled bare step", ratio,

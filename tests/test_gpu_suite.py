@@ -58,15 +58,14 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "5", "2",
-                                                                          "7", "2", "4"]
-    assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile",
-                                                "bert_large-128-compile-with-workers", "bert_large-128-with-workers",
-                                                "profile-compile", "loader-transfer", "lamb-kernels"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "7", "2",
+                                                                          "4"]
+    assert [c.label for c in commands[-5:]] == ["gpu_step-compile", "bert_large-128-compile", "profile-compile",
+                                                "loader-transfer", "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-7]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-7:]) and not any(c.optional for c in commands[:-7])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-7].min_start)
+    before_compile = sum(c.expect for c in commands[:-5]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-5:]) and not any(c.optional for c in commands[:-5])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-5].min_start)
     # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
     compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
     profile_compiled = next(c for c in commands if c.label == "profile-compile")
@@ -108,14 +107,13 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # LAMB's kernel configurations
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 30 s needed"  # taking a batch from workers
     commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
-    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 30 s left, 40 s needed"  # the eager loop, 4 workers
-    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 55 s needed"  # the compiled loop, 4 workers
+    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 100 s needed"  # the compiled loop
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-7].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-5].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-8].status = "timed out after 45 s"  # part 7's eager profile is not optional
+    commands[-6].status = "timed out after 45 s"  # part 7's eager profile is not optional
     assert gpu_suite.suite_failed({}, commands)
-    commands[-8].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-6].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -173,7 +171,7 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                      data_wait_share=0.01, host_train_step_ms_median=54.0,
                      padding_share=0.05, computed_padding_share=0.05, peak_memory_gb=30.0, wall_s=50.0,
                      first_step_s=2.0, compiled_graphs=1, graph_breaks=0, time_limited=False,
-                     loader_workers=4 if run["label"].endswith("-with-workers") else 0) for run in runs]
+                     loader_workers=0) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
@@ -181,9 +179,10 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
     # bert_large-128-compile's: 44 ms of device time in its 60 ms step
-    pretrain[5]["profile"] = dict(steps=[21, 23], tokens=12_800.0, total_ms=44.0, in_measured_steps=False,
-                                  groups_ms={"GEMM": 28.16, "normalization": 15.84},
-                                  ops_ms={"aten::mm": 28.16, "triton_per_fused_native_layer_norm_0": 15.84})
+    compiled_loop = next(r for r in pretrain if r["label"] == "bert_large-128-compile")
+    compiled_loop["profile"] = dict(steps=[21, 23], tokens=12_800.0, total_ms=44.0, in_measured_steps=False,
+                                    groups_ms={"GEMM": 28.16, "normalization": 15.84},
+                                    ops_ms={"aten::mm": 28.16, "triton_per_fused_native_layer_norm_0": 15.84})
     eager = [r for r in pretrain if "compile" not in r["label"]]
     return {"1": step, "2": eager,
             "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
@@ -231,26 +230,21 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
-    assert [row[12] for row in table_rows(report, "## 2.")] == ["0"] * 4 + ["4"]  # the runs' loader workers
+    assert [row[12] for row in table_rows(report, "## 2.")] == ["0"] * 4  # the runs' loader workers
     assert {row[13] for row in table_rows(report, "## 2.")} == {"0.90"}  # the host 54 ms of a 60 ms step
-    # the compiled loops, with auto's 0 and with 4 loader workers (290.4 T each), against the compiled bare step:
-    # 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T: 0.82; the eager loop's row has no such figure
-    loops = table_rows(report, "## 5.")[:3]
+    # the compiled loop (290.4 T) against the compiled bare step: 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T:
+    # 0.82; the eager loop's row has no such figure
+    loops = table_rows(report, "## 5.")[:2]
     assert [(row[0], row[4], row[-2], row[-1]) for row in loops] == [
         ("eager (part 2's bert_large-128)", "1.0%", "0", ""),
-        ("train.compile=true, 0 loader workers", "1.0%", "0", "0.82"),
-        ("train.compile=true, 4 loader workers", "1.0%", "0", "0.82")]
-    assert ("With 4 loader workers: 1.00x the real tokens/s of the compiled loop with 0 loader workers (data wait "
-            "1.0% → 1.0%).") in report
+        ("train.compile=true, 0 loader workers", "1.0%", "0", "0.82")]
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
-    assert [row[6:] for row in table_rows(report, "## 5.")[3:]] == [["1.25x", "56.8%", "1.75x"]] * 2
+    assert [row[6:] for row in table_rows(report, "## 5.")[2:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
     assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 1 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed
     judged = {row[0]: row[1:] for row in table_rows(report, "## 8.")}
-    # the compiled loop with data.num_workers auto; its twin with workers is a measurement, not the target
     assert judged["pretrain bert_large-128-compile (train.compile, part 5): within 10% of the compiled bare step"] \
         == ["0.82", "**NOT met**"]
-    assert not any("with-workers" in name for name in judged)
     assert [row[0] for row in table_rows(report, "## 8.")[2:4]] == [
         "bert-large seq 128 (train.compile, part 5): useful MFU >= 50%",
         "bert-large seq 128 (train.compile, part 5): >= 1.5x transformers"]
@@ -320,7 +314,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 19
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 17
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 < r["per_weight_casts"]
                                           for r in figures["1"])
@@ -334,7 +328,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
     # runs did all their steps; the packed encoder computed no padding, the padded one all of it
     assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
-        [(False, 15, 10)] * 3 + [(True, 13, 8), (False, 15, 10)]
+        [(False, 15, 10)] * 3 + [(True, 13, 8)]
     padded, packed = figures["2"][2], figures["2"][3]
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
     assert "last 8 of 13 (time limit)" in report
@@ -343,9 +337,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
               if line.startswith("    4  ")]  # the 4-row micro-batches' rows
     assert [line[7:35].strip() for line in taking] == list(loader_transfer.VARIANTS), taking
     assert all(float(line.split()[-4]) > 0 and line.endswith("x") for line in taking), taking
-    assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile", "bert_large-128-compile-with-workers"]
-    # auto: none; the "-with-workers" twins stand in for the GPU's 4 with 2 workers
-    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0, 0, 0, 0, 2, 0, 2]
+    assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile"]
+    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 5  # auto: none
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
     # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each
     assert all(r["graph_breaks"] >= 1 for r in figures["5"])
@@ -360,12 +353,12 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
         [("two_pass", 0.0, None), ("pipelined", 0.0, True)] * HAS_TRITON
     assert all(r["device_ms"] > 0 and r["device_ratio"] > 0 and r["host_ahead"] for r in kernels)
     assert "**PASS**" in report
-    for heading, count in (("## 1.", 4), ("## 2.", 5), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
-                           ("## 5.", 3 + 1)):
+    for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
+                           ("## 5.", 2 + 1)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
     assert {row[-1] for row in table_rows(report, "## 8.")} <= {"met", "**NOT met**", "not measured"}
-    # 18 targets: the compiled loop is judged at data.num_workers auto only, not its "-with-workers" twin
+    # 18 targets, the compiled loop's among them
     assert len(table_rows(report, "## 8.")) == 18
     assert any(row[0].startswith("pretrain bert_large-128-compile (") for row in table_rows(report, "## 8."))
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
