@@ -40,7 +40,7 @@ def shared_memory_free(path: str = SHARED_MEMORY) -> int | None:
 def choose_workers(setting: int | str, shared_free: int | None = None) -> WorkerChoice:
     """`data.num_workers` resolved: `auto` makes batches in the training process (an H200 measured that the faster
     loop); a number starts that many, with a warning where /dev/shm is short (`shared_free`: measured when None)."""
-    count = 0 if setting == "auto" else int(setting)
+    count = worker_count(setting)
     if count == 0:
         return WorkerChoice(0)
     free = shared_memory_free() if shared_free is None else shared_free
