@@ -80,11 +80,12 @@ def test_read_spans_writes_what_gather_tokens_reads(bits):
         at = np.cumsum(lengths + rng.integers(0, 3, 8)) - lengths
         read = read_bits if bits else (lambda array, local: array[local])
         out = np.full(int(at[-1] + lengths[-1]) + 2, -1, dtype=np.int64)
-        read_spans(shards, base, starts, lengths, out, at, read)
+        written = read_spans(shards, base, starts, lengths, out, at, read)
         expected = np.full_like(out, -1)
         for start, length, place in zip(starts, lengths, at):
             expected[place:place + length] = gather_tokens(shards, base, np.arange(start, start + length), read)
         assert out.tolist() == expected.tolist()
+        assert sorted(written.tolist()) == np.concatenate([np.arange(p, p + n) for p, n in zip(at, lengths)]).tolist()
 
 
 def test_nsp_half_negatives_always_from_another_document(prepared):

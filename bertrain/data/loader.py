@@ -16,8 +16,7 @@ from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
 from bertrain.data.pairs import EpochPlan, build_plan
-from bertrain.data.split_index import (SplitIndex, gather_tokens, index_split, read_bits, read_spans,
-                                      span_positions)
+from bertrain.data.split_index import SplitIndex, gather_tokens, index_split, read_bits, read_spans
 from bertrain.data.workers import worker_count, worker_died_error
 from bertrain.errors import DataError, UsageError
 
@@ -147,9 +146,8 @@ class MicroBatchDataset:
             places = np.stack([rows * width + 1, rows * width + a_length + 2], 1).ravel()
         else:
             starts, lengths, places = a_start, a_length, rows * width + 1
-        text_at = span_positions(places, lengths)
         input_ids = np.full((len(ids), width), self.special_tokens["pad"], dtype=np.int64)
-        read_spans(self._tokens, self.token_base, starts, lengths, input_ids.reshape(-1), places)
+        text_at = read_spans(self._tokens, self.token_base, starts, lengths, input_ids.reshape(-1), places)
         special = np.ones(input_ids.shape, dtype=bool)
         special.reshape(-1)[text_at] = False
         input_ids[:, 0] = self.special_tokens["cls"]

@@ -88,18 +88,19 @@ def span_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def read_spans(shards_tokens: list[np.ndarray], token_base: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-               out: np.ndarray, at: np.ndarray, read=lambda array, local: array[local]) -> None:
+               out: np.ndarray, at: np.ndarray, read=lambda array, local: array[local]) -> np.ndarray:
     """Write the tokens of each span [start, start + length) to the flat array `out` from index `at` on: gather_tokens
-    with one shard lookup per span instead of a sort of every token by shard (a span lies in one document)."""
+    with one shard lookup per span instead of a sort of every token by shard (a span lies in one document). Returns
+    the indices of `out` written (in no particular order)."""
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     if not len(starts):
-        return
+        return np.zeros(0, dtype=np.int64)
     used = lengths > 0
     shard = np.searchsorted(token_base, starts, side="right") - 1
     if (shard != np.searchsorted(token_base, starts + lengths - 1, side="right") - 1)[used].any():
-        out[span_positions(at, lengths)] = gather_tokens(shards_tokens, token_base, span_positions(starts, lengths),
-                                                         read)   # a span across shards: never one of a plan
-        return
+        place = span_positions(at, lengths)
+        out[place] = gather_tokens(shards_tokens, token_base, span_positions(starts, lengths), read)  # across shards
+        return place
     shard = np.where(used, shard, 0)     # an empty span's start may lie past the last shard
     order = np.argsort(shard, kind="stable")                # spans grouped by shard: one fancy read per shard
     shard, lengths = shard[order], lengths[order]
@@ -109,6 +110,7 @@ def read_spans(shards_tokens: list[np.ndarray], token_base: np.ndarray, starts: 
     bounds = np.append(np.concatenate([[0], np.cumsum(lengths)])[first_span], len(local))
     for k, first, last in zip(shard[first_span], bounds[:-1], bounds[1:]):
         out[place[first:last]] = read(shards_tokens[k], local[first:last])
+    return place
 
 
 def read_bits(packed: np.ndarray, local: np.ndarray) -> np.ndarray:
