@@ -232,3 +232,39 @@ def test_gpu_bisect_runs_a_command_in_each_commits_snapshot_with_its_own_bertrai
     assert f"imported {snapshot / 'bertrain' / '__init__.py'}" in log, log
     summary = (out / "summary.txt").read_text()
     assert summary.startswith(f"== {head} ") and "(exit 0)" in summary, summary
+    # --profile: this tree's gpu_profile.py on the snapshot's bertrain, then the comparison (one commit: itself)
+    ran = bisect("run", str(out), "--profile", "--device", "cpu", "--shape", "tiny", "--seq", "32", "--batch", "2",
+                 "--compile-backend", "eager", "--steps", "1")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"bertrain from {snapshot / 'bertrain' / '__init__.py'}" in (out / f"{head}.log").read_text()
+    compare = (out / "compare.md").read_text()
+    assert "tiny seq 32 batch 2 on cpu, compiled layers" in compare and f"| {head} " in compare, compare
+    assert "| 1.000x |" in compare
+
+
+def test_bisect_compare_names_the_ops_that_grew_appeared_or_vanished(tmp_path):
+    """bisect_compare.py: each commit's total against the first's, and per op the difference, 'absent' where a
+    commit ran no such op."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from bisect_compare import compare, load
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import json
+
+    def profile(ops: dict) -> str:
+        groups = {"attention": sum(v for k, v in ops.items() if "attention" in k), "GEMM": ops.get("aten::mm", 0)}
+        return json.dumps(dict(shape="bert-large", seq=128, batch=128, device="cuda", compiled=True,
+                               total_ms=sum(ops.values()), groups_ms=groups, ops_ms=ops)) + "\n"
+
+    (tmp_path / "ORDER").write_text("aaaaaaa\nbbbbbbb\nccccccc\n")
+    (tmp_path / "aaaaaaa.jsonl").write_text(profile({"aten::mm": 40.0, "aten::_cudnn_attention_backward": 5.0}))
+    (tmp_path / "bbbbbbb.jsonl").write_text(profile({"aten::mm": 40.0, "aten::_efficient_attention_backward": 15.0}))
+    (tmp_path / "aaaaaaa.commit").write_text("the fast one\n")
+    text = compare(load(tmp_path), top=5)  # ccccccc left no profile (its run failed): not a row
+    assert "| aaaaaaa the fast one | 45.00 | 1.000x |" in text and "| bbbbbbb | 55.00 | 1.222x |" in text
+    assert "ccccccc" not in text
+    assert "| `aten::_efficient_attention_backward` | absent | 15.000 | +15.000 |" in text
+    assert "| `aten::_cudnn_attention_backward` | 5.000 | absent | -5.000 |" in text
+    assert text.index("_efficient_attention") < text.index("_cudnn_attention")  # the largest change first
+    assert "`aten::mm`" in text.split("## bbbbbbb")[1]  # unchanged ops follow, up to --top
