@@ -381,7 +381,26 @@ def loop_against_bare(results, bare: dict, compiled: bool = False) -> list[str]:
                            ["all ops", "step (measured)", "device idle (step - ops)"]))
             + ["", "The ops that differ most:", ""]
             + table(["op"] + header[1:], [[f"`{row[0]}`"] + row[1:] for row in rows(loop["ops_ms"], bare["ops_ms"],
-                                                                                      ops[:10])]))
+                                                                                      ops[:10])])
+            + device_waits(loop.get("gaps")))
+
+
+def device_waits(gaps: dict | None) -> list[str]:
+    """The profiled loop steps' device idle time from their trace (trace_gaps.py), and the host ops that were late."""
+    if not gaps:
+        return []
+    if "error" in gaps:
+        return ["", f"Where the device waited: the trace could not be read ({gaps['error']})."]
+    lines = ["", f"**Where the loop's device waited** (the profiled steps' trace, `benchmarks/trace_gaps.py`; ms a "
+                 f"step; the profiler's own host work makes the host later than it is unprofiled): busy {gaps['busy_ms']:.2f} of {gaps['span_ms']:.2f}, idle {gaps['idle_ms']:.2f}: "
+                 f"**{gaps['host_late_ms']:.2f} where the host launched the next kernel only after the device had run "
+                 f"out of work** (host-bound there), {gaps['queued_ms']:.2f} with the kernel queued but waiting (a "
+                 f"sync, a stream wait, a copy), {gaps['short_ms']:.2f} in gaps under {gaps['min_gap_us']:g} us."]
+    if gaps["late_ops"]:
+        lines += ["", "The host's outermost op at each late launch, by the idle time before its kernel:", ""]
+        lines += table(["host op", "idle ms a step", "late launches a step"],
+                       [[f"`{row['op']}`", fmt(row["ms"], ".3f"), fmt(row["gaps"], ".1f")] for row in gaps["late_ops"]])
+    return lines
 
 
 def targets(state, commands, results) -> list[str]:

@@ -268,3 +268,52 @@ def test_bisect_compare_names_the_ops_that_grew_appeared_or_vanished(tmp_path):
     assert "| `aten::_cudnn_attention_backward` | 5.000 | absent | -5.000 |" in text
     assert text.index("_efficient_attention") < text.index("_cudnn_attention")  # the largest change first
     assert "`aten::mm`" in text.split("## bbbbbbb")[1]  # unchanged ops follow, up to --top
+
+
+def test_trace_gaps_splits_the_device_idle_time_by_who_left_it(tmp_path):
+    """trace_gaps.py on a made-up Chrome trace: overlapping kernels counted once as busy; a gap whose kernel was
+    launched after the device ran dry is the host's, charged to the outermost host op around the launch (a Triton
+    kernel's driver launch too); one whose kernel was queued before is not; gaps under the threshold apart."""
+    import gzip
+    import json
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from trace_gaps import device_gaps, load_events
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def op(name, ts, dur, cat="cpu_op"):
+        return dict(ph="X", cat=cat, name=name, pid=1, tid=7, ts=ts, dur=dur)
+
+    def kernel(ts, dur, correlation, stream=7, cat="kernel"):
+        return dict(ph="X", cat=cat, name=f"k{correlation}", pid=0, tid=stream, ts=ts, dur=dur,
+                    args=dict(correlation=correlation))
+
+    def launch(ts, correlation, cat="cuda_runtime", name="cudaLaunchKernel"):
+        return dict(ph="X", cat=cat, name=name, pid=1, tid=7, ts=ts, dur=3, args=dict(correlation=correlation))
+
+    events = [
+        op("autograd::engine::evaluate_function: AddmmBackward0", 0, 100), op("aten::mm", 1, 10),
+        launch(2, 1), kernel(5, 10, 1),                      # busy 5-15
+        launch(4, 2), kernel(12, 8, 2, stream=8),           # overlaps: busy to 20
+        op("aten::addmm", 150, 20), op("aten::linear", 150, 50),  # the same start: the longer one holds the other
+        launch(160, 3), kernel(165, 5, 3),                    # idle 20-165: the host's (145)
+        launch(161, 4), kernel(190, 5, 4, cat="gpu_memcpy"),  # idle 170-190, queued at 161: not the host's (20)
+        op("aten::gelu", 300, 20), launch(301, 5, "cuda_driver", "cuLaunchKernel"), kernel(305, 5, 5),  # 110, host
+        launch(303, 6), kernel(311, 4, 6),                    # 1 us: under the threshold
+        dict(ph="i", cat="instant", name="marker", ts=50),    # not a complete event
+        launch(400, 7), kernel(410, 5, 7),                    # outside any op: host late, 95
+    ]
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events, "deviceProperties": []}, handle)
+    gaps = device_gaps(load_events(path), steps=2, min_gap_us=2.0)
+    assert gaps["span_ms"] == pytest.approx((415 - 5) / 2e3)
+    assert gaps["busy_ms"] == pytest.approx((15 + 5 + 5 + 5 + 4 + 5) / 2e3)
+    assert gaps["host_late_ms"] == pytest.approx((145 + 110 + 95) / 2e3)
+    assert gaps["queued_ms"] == pytest.approx(20 / 2e3) and gaps["short_ms"] == pytest.approx(1 / 2e3)
+    assert gaps["idle_ms"] == pytest.approx(gaps["host_late_ms"] + gaps["queued_ms"] + gaps["short_ms"])
+    assert [(row["op"], row["gaps"]) for row in gaps["late_ops"]] == [
+        ("aten::linear", 0.5), ("aten::gelu", 0.5), ("(no op)", 0.5)]
+    assert device_gaps([op("aten::mm", 0, 5)]) is None  # a CPU trace: no device work

@@ -177,7 +177,11 @@ def fake_gpu_results(runs: list[dict]) -> dict:
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
     pretrain[1]["profile"] = dict(steps=[41, 43], tokens=12_800.0, total_ms=56.0, in_measured_steps=False,
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
-                                  ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28})
+                                  ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28},
+                                  gaps=dict(steps=3, span_ms=59.0, busy_ms=56.0, idle_ms=3.0, host_late_ms=2.25,
+                                            queued_ms=0.5, short_ms=0.25, min_gap_us=2.0,
+                                            late_ops=[dict(op="aten::linear", ms=1.5, gaps=24.0),
+                                                      dict(op="(no op)", ms=0.75, gaps=1.0)]))
     # bert_large-128-compile's: 44 ms of device time in its 60 ms step
     compiled_loop = next(r for r in pretrain if r["label"] == "bert_large-128-compile")
     compiled_loop["profile"] = dict(steps=[21, 23], tokens=12_800.0, total_ms=44.0, in_measured_steps=False,
@@ -269,6 +273,12 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert loop["device idle (step - ops)"] == ["4.00", "9.04", "312.5", "551.8", "-239.3"]
     assert loop["`aten::_foreach_norm`"] == ["2.56", "0.00", "200.0", "0.0", "+200.0"]
     assert "steps 41-43" in report and "12,800 real tokens a step" in report
+    # where its device waited (trace_gaps.py): the idle split, then the host ops that launched late
+    waited = eager_part.split("**Where the loop's device waited**")[1]
+    assert "busy 56.00 of 59.00, idle 3.00: **2.25 where the host launched" in waited
+    assert "0.50 with the kernel queued but waiting" in waited and "0.25 in gaps under 2 us" in waited
+    assert table_rows(eager_part, "The host's outermost op at each late launch") == [
+        ["`aten::linear`", "1.500", "24.0"], ["`(no op)`", "0.750", "1.0"]]
     # compiled: normalization 15.84 ms / 12,800 = 1,237.5 against 4.096 / 16,384 = 250.0; steps: 60 ms (part 5)
     # and 40 ms (part 5's compiled bare step, 0.04 s), less the ops' time
     compiled = {row[0]: row[1:] for row in table_rows(
@@ -366,6 +376,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert profile["groups_ms"]["GEMM"] > 0 and len(table_rows(report, "## 7.")) > 3
     loop = figures["2"][1]["profile"]  # bert_large-128's loop steps 3-4, before its measured steps 6-15
     assert loop["steps"] == [3, 4] and not loop["in_measured_steps"] and loop["tokens"] > 0
+    assert loop["gaps"] is None and "**Where the loop's device waited**" not in report  # a CPU has no kernels
     assert abs(sum(loop["groups_ms"].values()) - loop["total_ms"]) < 1e-6 * loop["total_ms"]
     assert {"GEMM", "optimizer"} <= set(loop["groups_ms"]) and "aten::_fused_adamw_" in loop["ops_ms"]
     eager_part = report.split("**The compiled loop's step")[0]
