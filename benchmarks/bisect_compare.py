@@ -1,6 +1,7 @@
 """The step's device time at each commit of a `gpu_bisect.sh run OUT --profile`, set against the first commit's:
 per group and per op (gpu_profile.py's self device times), so that a regression names the ops that grew, or the ones
-that appeared (another attention kernel, a copy). Writes OUT/compare.md and prints it.
+that appeared (another attention kernel, a copy); and the device's idle time (trace_gaps.py, on a GPU), the host's
+share in brackets. Writes OUT/compare.md and prints it.
 
     python benchmarks/bisect_compare.py OUT_DIR [--top 15]
 """
@@ -33,12 +34,14 @@ def compare(rows: list[tuple[str, str, dict]], top: int) -> str:
     shape = f"{first['shape']} seq {first['seq']} batch {first['batch']} on {first['device']}"
     lines = [f"# Bisect: the step's ops' self device time, ms a step ({shape}"
              f"{', compiled layers' if first.get('compiled') else ''})", "",
-             "| commit | all ops | vs first | " + " | ".join(groups) + " |",
-             "|---|---|---|" + "---|" * len(groups)]
+             "| commit | all ops | vs first | device idle (host late) | " + " | ".join(groups) + " |",
+             "|---|---|---|---|" + "---|" * len(groups)]
     for commit, subject, result in rows:
         cells = [f"{result['groups_ms'].get(g, 0):.2f}" for g in groups]
+        gaps = result.get("gaps") or {}
+        idle = f"{gaps['idle_ms']:.2f} ({gaps['host_late_ms']:.2f})" if "idle_ms" in gaps else ""
         lines.append(f"| {f'{commit} {subject[:60]}'.strip()} | {result['total_ms']:.2f} | "
-                     f"{result['total_ms'] / first['total_ms']:.3f}x | " + " | ".join(cells) + " |")
+                     f"{result['total_ms'] / first['total_ms']:.3f}x | {idle} | " + " | ".join(cells) + " |")
     for commit, subject, result in rows[1:]:
         ops = set(first["ops_ms"]) | set(result["ops_ms"])
         changed = sorted(ops, key=lambda op: -abs(result["ops_ms"].get(op, 0) - first["ops_ms"].get(op, 0)))[:top]

@@ -35,7 +35,7 @@ STARTED = time.perf_counter()  # before `import torch`: the time limit counts th
 import torch  # noqa: E402
 from gpu_profile import device_profiler, grouped, self_times  # noqa: E402
 from model_step import gemm_fn, synchronize, time_alternating, useful_flops  # noqa: E402
-from trace_gaps import device_gaps, load_events  # noqa: E402
+from trace_gaps import profiler_gaps  # noqa: E402
 
 EXIT_REQUEUE = 75  # bertrain's exit after a signal: the step finished, a checkpoint written
 
@@ -124,7 +124,7 @@ class Probe:
                     ops_ms=ops,
                     tokens=statistics.mean(s["tokens"] for s in self.steps[start:start + count]),
                     in_measured_steps=start + count > len(self.steps) - measured_steps,
-                    gaps=device_waits(self.profiler, self.trace, count) if self.device.type == "cuda" else None)
+                    gaps=profiler_gaps(self.profiler, count, self.trace) if self.device.type == "cuda" else None)
 
     def stop_if_due(self) -> None:
         """SIGTERM to this process (bertrain's stop request) once the time limit has passed."""
@@ -132,20 +132,6 @@ class Probe:
                 and time.perf_counter() - STARTED >= self.time_limit):
             self.stopped = True
             os.kill(os.getpid(), signal.SIGTERM)
-
-
-def device_waits(profiler, trace: str | None, steps: int) -> dict | None:
-    """trace_gaps.device_gaps over the profiled steps' Chrome trace (the --trace file where one was written)."""
-    import tempfile
-
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            path = trace or str(Path(scratch) / "trace.json")
-            if not trace:
-                profiler.export_chrome_trace(path)
-            return device_gaps(load_events(path), steps)
-    except Exception as error:  # a trace it cannot read must not cost the run's other figures
-        return dict(error=f"{type(error).__name__}: {error}")
 
 
 def export_trace(profiler, path: str) -> None:

@@ -19,6 +19,7 @@ import re
 import torch
 from gpu_step import SHAPES, model_config
 from model_step import make_batch, step_fn, synchronize
+from trace_gaps import profiler_gaps
 
 from bertrain.model import build_model, compile_layers
 
@@ -39,9 +40,9 @@ def group_of(name: str) -> str:
 
 
 def profile_step(shape: str, seq: int, batch_size: int, steps: int, device: torch.device, dtype,
-                 compile_options: dict | None = None) -> dict:
+                 compile_options: dict | None = None) -> tuple[dict, dict | None]:
     """Self time per op over `steps` profiled steps (after 3 warm-up steps, the first compiling the layers where
-    `compile_options` is given), in microseconds."""
+    `compile_options` is given), in microseconds; and on a GPU where the device waited (trace_gaps.py)."""
     config = model_config(shape, seq)
     torch.manual_seed(0)
     model = build_model(config).to(device).train()
@@ -56,7 +57,7 @@ def profile_step(shape: str, seq: int, batch_size: int, steps: int, device: torc
         for _ in range(steps):
             step()
         synchronize(device)
-    return self_times(profiler, device, steps)
+    return self_times(profiler, device, steps), profiler_gaps(profiler, steps) if device.type == "cuda" else None
 
 
 def device_profiler(device: torch.device) -> torch.profiler.profile:
@@ -101,13 +102,16 @@ def main() -> None:
     compile_options = None  # eager
     if args.compile:  # as gpu_step.py --compile passes them
         compile_options = {"backend": args.compile_backend} if args.compile_backend else {}
-    ops = profile_step(args.shape, args.seq, batch_size, args.steps, device, dtype, compile_options)
+    ops, gaps = profile_step(args.shape, args.seq, batch_size, args.steps, device, dtype, compile_options)
     total, groups = sum(ops.values()), grouped(ops)
     print(f"{args.shape} seq {args.seq} batch {batch_size} on {device} ({'bf16' if dtype else 'fp32'}"
           f"{', compiled layers' if args.compile else ''}): {total / 1e3:.2f} ms of op self time per step")
     print("| group | ms per step | share |\n|---|---|---|")
     for group, microseconds in sorted(groups.items(), key=lambda item: -item[1]):
         print(f"| {group} | {microseconds / 1e3:.3f} | {100 * microseconds / total:.1f}% |")
+    if gaps and "error" not in gaps:
+        print(f"device idle {gaps['idle_ms']:.2f} ms a step, {gaps['host_late_ms']:.2f} of it after the host's late "
+              f"launches (trace_gaps.py)")
     print("\n| op | group | ms per step | share |\n|---|---|---|---|")
     for name, microseconds in sorted(ops.items(), key=lambda item: -item[1])[:args.top]:
         print(f"| {name} | {group_of(name)} | {microseconds / 1e3:.3f} | {100 * microseconds / total:.1f}% |")
@@ -116,7 +120,7 @@ def main() -> None:
             handle.write(json.dumps(dict(shape=args.shape, seq=args.seq, batch=batch_size, device=str(device),
                                          compiled=args.compile, total_ms=total / 1e3,
                                          groups_ms={k: v / 1e3 for k, v in groups.items()},
-                                         ops_ms={k: v / 1e3 for k, v in ops.items()})) + "\n")
+                                         ops_ms={k: v / 1e3 for k, v in ops.items()}, gaps=gaps)) + "\n")
 
 
 if __name__ == "__main__":

@@ -316,7 +316,9 @@ def part7(state, commands, results) -> list[str]:
              ""] + table(["group", "ms per step", "share"], [[g, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
                                                              for g, ms in groups]) + [""]
             + table(["op", "ms per step", "share"], [[n, fmt(ms, ".2f"), fmt(100 * ms / total, ".1f", "%")]
-                                                     for n, ms in ops]) + loop_against_bare(results, r)
+                                                     for n, ms in ops])
+            + device_waits(r.get("gaps"), "the bare step's (3 steps after a sync, as part 1 times them)")
+            + loop_against_bare(results, r)
             + compiled_loop_against_bare(results))
 
 
@@ -382,17 +384,18 @@ def loop_against_bare(results, bare: dict, compiled: bool = False) -> list[str]:
             + ["", "The ops that differ most:", ""]
             + table(["op"] + header[1:], [[f"`{row[0]}`"] + row[1:] for row in rows(loop["ops_ms"], bare["ops_ms"],
                                                                                       ops[:10])])
-            + device_waits(loop.get("gaps")))
+            + device_waits(loop.get("gaps"), "the loop's"))
 
 
-def device_waits(gaps: dict | None) -> list[str]:
-    """The profiled loop steps' device idle time from their trace (trace_gaps.py), and the host ops that were late."""
+def device_waits(gaps: dict | None, whose: str) -> list[str]:
+    """The profiled steps' device idle time from their trace (trace_gaps.py), and the host ops that were late."""
     if not gaps:
         return []
     if "error" in gaps:
-        return ["", f"Where the device waited: the trace could not be read ({gaps['error']})."]
-    lines = ["", f"**Where the loop's device waited** (the profiled steps' trace, `benchmarks/trace_gaps.py`; ms a "
-                 f"step; the profiler's own host work makes the host later than it is unprofiled): busy {gaps['busy_ms']:.2f} of {gaps['span_ms']:.2f}, idle {gaps['idle_ms']:.2f}: "
+        return ["", f"Where {whose} device waited: the trace could not be read ({gaps['error']})."]
+    lines = ["", f"**Where {whose} device waited** (the profiled steps' trace, `benchmarks/trace_gaps.py`; ms a step; "
+                 f"the profiler's own host work makes the host later than it is unprofiled): busy "
+                 f"{gaps['busy_ms']:.2f} of {gaps['span_ms']:.2f}, idle {gaps['idle_ms']:.2f}: "
                  f"**{gaps['host_late_ms']:.2f} where the host launched the next kernel only after the device had run "
                  f"out of work** (host-bound there), {gaps['queued_ms']:.2f} with the kernel queued but waiting (a "
                  f"sync, a stream wait, a copy), {gaps['short_ms']:.2f} in gaps under {gaps['min_gap_us']:g} us."]

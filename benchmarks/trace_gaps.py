@@ -84,6 +84,21 @@ def device_gaps(events: list[dict], steps: int = 1, min_gap_us: float = 2.0, top
                 late_ops=[dict(op=name, ms=idle * per_step, gaps=count / steps) for name, (idle, count) in ranked])
 
 
+def profiler_gaps(profiler, steps: int, trace: str | None = None) -> dict:
+    """device_gaps over a stopped torch.profiler's steps, from its Chrome trace (`trace` where already written; else
+    exported to a scratch file); a trace it cannot read gives {"error": why}, not an exception."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            path = trace or str(Path(scratch) / "trace.json")
+            if not trace:
+                profiler.export_chrome_trace(path)
+            return device_gaps(load_events(path), steps)
+    except Exception as error:  # the caller's other figures must survive it
+        return dict(error=f"{type(error).__name__}: {error}")
+
+
 def enclosing_op(ops: dict, launch: dict) -> str:
     """The outermost host op on the launching thread that holds the launch call (its name), or '(no op)'."""
     starts, ends, names = ops.get((launch.get("pid"), launch.get("tid")), ([], [], []))

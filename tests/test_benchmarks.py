@@ -252,17 +252,19 @@ def test_bisect_compare_names_the_ops_that_grew_appeared_or_vanished(tmp_path):
         sys.path.remove(str(BENCHMARKS))
     import json
 
-    def profile(ops: dict) -> str:
+    def profile(ops: dict, gaps: dict | None = None) -> str:
         groups = {"attention": sum(v for k, v in ops.items() if "attention" in k), "GEMM": ops.get("aten::mm", 0)}
         return json.dumps(dict(shape="bert-large", seq=128, batch=128, device="cuda", compiled=True,
-                               total_ms=sum(ops.values()), groups_ms=groups, ops_ms=ops)) + "\n"
+                               total_ms=sum(ops.values()), groups_ms=groups, ops_ms=ops, gaps=gaps)) + "\n"
 
     (tmp_path / "ORDER").write_text("aaaaaaa\nbbbbbbb\nccccccc\n")
     (tmp_path / "aaaaaaa.jsonl").write_text(profile({"aten::mm": 40.0, "aten::_cudnn_attention_backward": 5.0}))
-    (tmp_path / "bbbbbbb.jsonl").write_text(profile({"aten::mm": 40.0, "aten::_efficient_attention_backward": 15.0}))
+    (tmp_path / "bbbbbbb.jsonl").write_text(profile({"aten::mm": 40.0, "aten::_efficient_attention_backward": 15.0},
+                                                    dict(idle_ms=3.5, host_late_ms=1.25)))
     (tmp_path / "aaaaaaa.commit").write_text("the fast one\n")
     text = compare(load(tmp_path), top=5)  # ccccccc left no profile (its run failed): not a row
-    assert "| aaaaaaa the fast one | 45.00 | 1.000x |" in text and "| bbbbbbb | 55.00 | 1.222x |" in text
+    assert "| aaaaaaa the fast one | 45.00 | 1.000x |  |" in text  # no trace figures (a CPU run)
+    assert "| bbbbbbb | 55.00 | 1.222x | 3.50 (1.25) |" in text
     assert "ccccccc" not in text
     assert "| `aten::_efficient_attention_backward` | absent | 15.000 | +15.000 |" in text
     assert "| `aten::_cudnn_attention_backward` | 5.000 | absent | -5.000 |" in text

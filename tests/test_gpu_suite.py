@@ -206,7 +206,9 @@ def fake_gpu_results(runs: list[dict]) -> dict:
             "5-step": [dict(r, compiled=True, compile_s=40.0, ours=0.04) for r in step
                        if (r["shape"], r["seq"]) in gpu_suite.STEP_COMPILE_SHAPES],
             "7": [dict(shape="bert-large", seq=128, batch=128, total_ms=40.96,
-                       groups_ms={"GEMM": 32.768, "other": 8.192}, ops_ms={"aten::mm": 32.768, "aten::add": 8.192})],
+                       groups_ms={"GEMM": 32.768, "other": 8.192}, ops_ms={"aten::mm": 32.768, "aten::add": 8.192},
+                       gaps=dict(steps=3, span_ms=42.0, busy_ms=40.96, idle_ms=1.04, host_late_ms=0.84, queued_ms=0.2,
+                                 short_ms=0.0, min_gap_us=2.0, late_ops=[]))],
             "7-compile": [dict(shape="bert-large", seq=128, batch=128, compiled=True, total_ms=36.864,
                                groups_ms={"GEMM": 32.768, "normalization": 4.096},
                                ops_ms={"aten::mm": 32.768, "triton_per_fused_native_layer_norm_0": 4.096})]}
@@ -273,6 +275,10 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert loop["device idle (step - ops)"] == ["4.00", "9.04", "312.5", "551.8", "-239.3"]
     assert loop["`aten::_foreach_norm`"] == ["2.56", "0.00", "200.0", "0.0", "+200.0"]
     assert "steps 41-43" in report and "12,800 real tokens a step" in report
+    # where the bare step's device waited: no late op to list
+    bare_waited = eager_part.split("**Where the bare step's (3 steps after a sync, as part 1 times them) device "
+                                   "waited**")[1].split("**The loop's step")[0]
+    assert "idle 1.04: **0.84 where the host launched" in bare_waited and "outermost op" not in bare_waited
     # where its device waited (trace_gaps.py): the idle split, then the host ops that launched late
     waited = eager_part.split("**Where the loop's device waited**")[1]
     assert "busy 56.00 of 59.00, idle 3.00: **2.25 where the host launched" in waited
