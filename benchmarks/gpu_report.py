@@ -384,7 +384,8 @@ def loop_against_bare(results, bare: dict, compiled: bool = False) -> list[str]:
             + ["", "The ops that differ most:", ""]
             + table(["op"] + header[1:], [[f"`{row[0]}`"] + row[1:] for row in rows(loop["ops_ms"], bare["ops_ms"],
                                                                                       ops[:10])])
-            + device_waits(loop.get("gaps"), "the loop's"))
+            + (device_waits(bare.get("gaps"), "the compiled bare step's") if compiled else [])
+            + device_waits(loop.get("gaps"), "the compiled loop's" if compiled else "the loop's"))
 
 
 def device_waits(gaps: dict | None, whose: str) -> list[str]:

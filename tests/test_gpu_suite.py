@@ -186,7 +186,10 @@ def fake_gpu_results(runs: list[dict]) -> dict:
     compiled_loop = next(r for r in pretrain if r["label"] == "bert_large-128-compile")
     compiled_loop["profile"] = dict(steps=[21, 23], tokens=12_800.0, total_ms=44.0, in_measured_steps=False,
                                     groups_ms={"GEMM": 28.16, "normalization": 15.84},
-                                    ops_ms={"aten::mm": 28.16, "triton_per_fused_native_layer_norm_0": 15.84})
+                                    ops_ms={"aten::mm": 28.16, "triton_per_fused_native_layer_norm_0": 15.84},
+                                    gaps=dict(steps=3, span_ms=58.0, busy_ms=44.0, idle_ms=14.0, host_late_ms=13.0,
+                                              queued_ms=1.0, short_ms=0.0, min_gap_us=2.0,
+                                              late_ops=[dict(op="CompiledFunction", ms=12.0, gaps=48.0)]))
     eager = [r for r in pretrain if "compile" not in r["label"]]
     return {"1": step, "2": eager,
             "3": sync + [dict(case="albert_base:lamb, unpad false", error="OOM")],
@@ -292,6 +295,11 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert compiled["normalization"] == ["15.84", "4.10", "1237.5", "250.0", "+987.5"]
     assert compiled["device idle (step - ops)"] == ["16.00", "3.14", "1250.0", "191.4", "+1058.6"]
     assert compiled["`triton_per_fused_native_layer_norm_0`"][0] == "15.84" and "loop steps 21-23" in report
+    compiled_part = report.split("**The compiled loop's step")[1]
+    assert "**Where the compiled loop's device waited**" in compiled_part and "idle 14.00: **13.00 where" in compiled_part
+    assert "compiled bare step's device waited" not in compiled_part  # its profile has no trace figures here
+    assert table_rows(compiled_part, "The host's outermost op at each late launch") == [
+        ["`CompiledFunction`", "12.000", "48.0"]]
 
 
 def test_the_packed_attention_benchmark_runs_every_variant_on_a_cpu():
