@@ -22,9 +22,11 @@ HOST_OPS = {"cpu_op", "user_annotation"}          # what the host was doing when
 
 
 def load_events(path: str | Path) -> list[dict]:
-    """The trace's complete ("X") events, from a plain or gzipped Chrome trace."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as handle:
+    """The trace's complete ("X") events, from a plain or gzipped Chrome trace (by its first bytes: gpu_pretrain.py's
+    --trace gzips whatever the name)."""
+    with open(path, "rb") as handle:
+        zipped = handle.read(2) == b"\x1f\x8b"
+    with (gzip.open if zipped else open)(path, "rt") as handle:
         trace = json.load(handle)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     return [e for e in events if e.get("ph") == "X" and "ts" in e]

@@ -307,9 +307,11 @@ def test_trace_gaps_splits_the_device_idle_time_by_who_left_it(tmp_path):
         dict(ph="i", cat="instant", name="marker", ts=50),    # not a complete event
         launch(400, 7), kernel(410, 5, 7),                    # outside any op: host late, 95
     ]
-    path = tmp_path / "trace.json.gz"
+    path = tmp_path / "trace.json"  # gzipped whatever its name, as gpu_pretrain.py --trace writes it
     with gzip.open(path, "wt") as handle:
         json.dump({"traceEvents": events, "deviceProperties": []}, handle)
+    (tmp_path / "plain.json").write_text(json.dumps(events))  # a bare list of events is a Chrome trace too
+    assert load_events(tmp_path / "plain.json") == [e for e in events if e["ph"] == "X"]
     gaps = device_gaps(load_events(path), steps=2, min_gap_us=2.0)
     assert gaps["span_ms"] == pytest.approx((415 - 5) / 2e3)
     assert gaps["busy_ms"] == pytest.approx((15 + 5 + 5 + 5 + 4 + 5) / 2e3)
