@@ -16,12 +16,12 @@ from pathlib import Path
 def load(out: Path) -> list[tuple[str, str, dict]]:
     """(hash, subject, gpu_profile's last result line) of each commit that has one, in the order they ran."""
     rows = []
-    for line in (out / "ORDER").read_text().split():
-        results = out / f"{line}.jsonl"
+    for commit in (out / "ORDER").read_text().split():
+        results, about = out / f"{commit}.jsonl", out / f"{commit}.commit"
         lines = results.read_text().splitlines() if results.is_file() else []
-        subject = (out / f"{line}.commit").read_text().strip() if (out / f"{line}.commit").is_file() else ""
+        subject = about.read_text().strip() if about.is_file() else ""
         if lines:
-            rows.append((line, subject, json.loads(lines[-1])))
+            rows.append((commit, subject, json.loads(lines[-1])))
     return rows
 
 

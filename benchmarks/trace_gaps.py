@@ -1,8 +1,8 @@
 """Where a GPU waited, from a torch.profiler Chrome trace: the device's idle time between its kernels and copies, split
 into gaps the host left (the next kernel's launch began only after the device had run out of work: the host was late,
 the step host-bound there) and gaps where the kernel was already queued (a sync, a stream wait, a copy), and the host
-ops that launched late, ranked by the idle time before their kernels. gpu_pretrain.py --profile reports it for the
-loop's profiled steps (the suite's part 7).
+ops that launched late, ranked by the idle time before their kernels. gpu_pretrain.py --profile (the loops) and
+gpu_profile.py (the bare steps) record it on a GPU; the suite's report prints it in part 7.
 
     python benchmarks/trace_gaps.py TRACE.json[.gz] [--steps 3]
 """
@@ -44,7 +44,9 @@ def outermost_ops(events: list[dict]) -> dict:
         starts, ends, names = [], [], []
         for start, end, name in sorted(ops, key=lambda op: (op[0], -op[1])):  # an enclosing op before its children
             if not ends or start >= ends[-1]:
-                starts.append(start), ends.append(end), names.append(name)
+                starts.append(start)
+                ends.append(end)
+                names.append(name)
         out[thread] = (starts, ends, names)
     return out
 
