@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import subprocess
@@ -250,7 +252,6 @@ def test_bisect_compare_names_the_ops_that_grew_appeared_or_vanished(tmp_path):
         from bisect_compare import compare, load
     finally:
         sys.path.remove(str(BENCHMARKS))
-    import json
 
     def profile(ops: dict, gaps: dict | None = None) -> str:
         groups = {"attention": sum(v for k, v in ops.items() if "attention" in k), "GEMM": ops.get("aten::mm", 0)}
@@ -276,9 +277,6 @@ def test_trace_gaps_splits_the_device_idle_time_by_who_left_it(tmp_path):
     """trace_gaps.py on a made-up Chrome trace: overlapping kernels counted once as busy; a gap whose kernel was
     launched after the device ran dry is the host's, charged to the outermost host op around the launch (a Triton
     kernel's driver launch too); one whose kernel was queued before is not; gaps under the threshold apart."""
-    import gzip
-    import json
-
     sys.path.insert(0, str(BENCHMARKS))
     try:
         from trace_gaps import device_gaps, load_events
