@@ -399,7 +399,10 @@ def device_waits(gaps: dict | None, whose: str) -> list[str]:
                  f"{gaps['busy_ms']:.2f} of {gaps['span_ms']:.2f}, idle {gaps['idle_ms']:.2f}: "
                  f"**{gaps['host_late_ms']:.2f} where the host launched the next kernel only after the device had run "
                  f"out of work** (host-bound there), {gaps['queued_ms']:.2f} with the kernel queued but waiting (a "
-                 f"sync, a stream wait, a copy), {gaps['short_ms']:.2f} in gaps under {gaps['min_gap_us']:g} us."]
+                 f"sync, a stream wait, a copy), {gaps['short_ms']:.2f} in gaps under {gaps['min_gap_us']:g} us."
+                 + (f" The host launched each kernel a median {gaps['lead_p50_ms']:.3f} ms before it started (10th "
+                    f"percentile {gaps['lead_p10_ms']:.3f} ms): near 0, the device waits on the host; far above a "
+                    f"kernel's time, the host runs ahead." if "lead_p50_ms" in gaps else "")]
     if gaps["late_ops"]:
         lines += ["", "The host's outermost op at each late launch, by the idle time before its kernel:", ""]
         lines += table(["host op", "idle ms a step", "late launches a step"],

@@ -53,7 +53,8 @@ def outermost_ops(events: list[dict]) -> dict:
 
 def device_gaps(events: list[dict], steps: int = 1, min_gap_us: float = 2.0, top: int = 10) -> dict | None:
     """The device's busy and idle time (ms a step) over the trace's kernels, the idle split into host-late gaps,
-    queued gaps and gaps under `min_gap_us`, and the outermost host ops whose launches came late. None: no kernel."""
+    queued gaps and gaps under `min_gap_us`, the outermost host ops whose launches came late, and how far ahead the
+    host launched the kernels (the median and the 10th percentile of launch-to-start, ms). None: no kernel."""
     work = sorted((e for e in events if e.get("cat") in DEVICE), key=lambda e: float(e["ts"]))
     if not work:
         return None
@@ -62,12 +63,15 @@ def device_gaps(events: list[dict], steps: int = 1, min_gap_us: float = 2.0, top
     ops = outermost_ops(events)
     busy = host_late = queued = short = 0.0
     late_by_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    leads = []  # how long before its start each kernel was launched: how far the host ran ahead
     end = float(work[0]["ts"])
     for e in work:
         start, finish = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        if launch is not None:
+            leads.append(start - float(launch["ts"]))
         if start > end:  # the device had nothing running from `end` to `start`
             idle = start - end
-            launch = launches.get(e.get("args", {}).get("correlation"))
             if idle < min_gap_us:
                 short += idle
             elif launch is not None and float(launch["ts"]) >= end:
@@ -82,9 +86,11 @@ def device_gaps(events: list[dict], steps: int = 1, min_gap_us: float = 2.0, top
     span = end - float(work[0]["ts"])
     per_step = 1e-3 / steps  # microseconds over the trace -> ms a step
     ranked = sorted(late_by_op.items(), key=lambda item: -item[1][0])[:top]
+    leads.sort()
+    lead = {f"lead_p{p}_ms": leads[len(leads) * p // 100] * 1e-3 for p in (10, 50)} if leads else {}
     return dict(steps=steps, span_ms=span * per_step, busy_ms=busy * per_step,
                 idle_ms=(span - busy) * per_step, host_late_ms=host_late * per_step, queued_ms=queued * per_step,
-                short_ms=short * per_step, min_gap_us=min_gap_us,
+                short_ms=short * per_step, min_gap_us=min_gap_us, **lead,
                 late_ops=[dict(op=name, ms=idle * per_step, gaps=count / steps) for name, (idle, count) in ranked])
 
 
@@ -124,6 +130,9 @@ def main() -> None:
     print(f"ms a step over {args.steps} step(s): device busy {gaps['busy_ms']:.2f} of {gaps['span_ms']:.2f}; idle "
           f"{gaps['idle_ms']:.2f}: host late {gaps['host_late_ms']:.2f}, kernel queued but waiting "
           f"{gaps['queued_ms']:.2f}, gaps under {args.min_gap_us:g} us {gaps['short_ms']:.2f}")
+    if "lead_p50_ms" in gaps:
+        print(f"the host launched each kernel a median {gaps['lead_p50_ms']:.3f} ms before it started (10th "
+              f"percentile {gaps['lead_p10_ms']:.3f} ms)")
     for row in gaps["late_ops"]:
         print(f"  {row['ms']:7.3f} ms  {row['gaps']:6.1f} gaps  {row['op']}")
 

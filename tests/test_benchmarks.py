@@ -318,4 +318,6 @@ def test_trace_gaps_splits_the_device_idle_time_by_who_left_it(tmp_path):
     assert gaps["idle_ms"] == pytest.approx(gaps["host_late_ms"] + gaps["queued_ms"] + gaps["short_ms"])
     assert [(row["op"], row["gaps"]) for row in gaps["late_ops"]] == [
         ("aten::linear", 0.5), ("aten::gelu", 0.5), ("(no op)", 0.5)]
+    # each kernel's start less its launch's: 3, 8, 5, 29, 4, 8 and 10 us; the 10th percentile and the median
+    assert (gaps["lead_p10_ms"], gaps["lead_p50_ms"]) == (pytest.approx(0.003), pytest.approx(0.008))
     assert device_gaps([op("aten::mm", 0, 5)]) is None  # a CPU trace: no device work

@@ -179,7 +179,8 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28},
                                   gaps=dict(steps=3, span_ms=59.0, busy_ms=56.0, idle_ms=3.0, host_late_ms=2.25,
-                                            queued_ms=0.5, short_ms=0.25, min_gap_us=2.0,
+                                            queued_ms=0.5, short_ms=0.25, min_gap_us=2.0, lead_p10_ms=0.012,
+                                            lead_p50_ms=1.5,
                                             late_ops=[dict(op="aten::linear", ms=1.5, gaps=24.0),
                                                       dict(op="(no op)", ms=0.75, gaps=1.0)]))
     # bert_large-128-compile's: 44 ms of device time in its 60 ms step
@@ -286,6 +287,8 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     waited = eager_part.split("**Where the loop's device waited**")[1]
     assert "busy 56.00 of 59.00, idle 3.00: **2.25 where the host launched" in waited
     assert "0.50 with the kernel queued but waiting" in waited and "0.25 in gaps under 2 us" in waited
+    assert "a median 1.500 ms before it started (10th percentile 0.012 ms)" in waited
+    assert "median" not in bare_waited  # a trace without launch figures: no such sentence
     assert table_rows(eager_part, "The host's outermost op at each late launch") == [
         ["`aten::linear`", "1.500", "24.0"], ["`(no op)`", "0.750", "1.0"]]
     # compiled: normalization 15.84 ms / 12,800 = 1,237.5 against 4.096 / 16,384 = 250.0; steps: 60 ms (part 5)
@@ -296,7 +299,8 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert compiled["device idle (step - ops)"] == ["16.00", "3.14", "1250.0", "191.4", "+1058.6"]
     assert compiled["`triton_per_fused_native_layer_norm_0`"][0] == "15.84" and "loop steps 21-23" in report
     compiled_part = report.split("**The compiled loop's step")[1]
-    assert "**Where the compiled loop's device waited**" in compiled_part and "idle 14.00: **13.00 where" in compiled_part
+    assert "**Where the compiled loop's device waited**" in compiled_part
+    assert "idle 14.00: **13.00 where" in compiled_part
     assert "compiled bare step's device waited" not in compiled_part  # its profile has no trace figures here
     assert table_rows(compiled_part, "The host's outermost op at each late launch") == [
         ["`CompiledFunction`", "12.000", "48.0"]]
