@@ -30,6 +30,22 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("run_first") is None)
 
 
+@pytest.fixture(autouse=True)
+def seeded_random_state():
+    """Every test starts from the same global random state (torch, numpy, random), so its result does not depend on
+    which tests ran before it in the same worker. BERTRAIN_TEST_SEED picks another state, to look for a tolerance
+    that holds for one draw of random weights only."""
+    import random
+
+    import numpy as np
+    import torch
+
+    seed = int(os.environ.get("BERTRAIN_TEST_SEED", "0"))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 @pytest.fixture(scope="session")
 def pydoc_text() -> str:
     """English prose shipped with every CPython (Python's own reference topics)."""
