@@ -13,7 +13,7 @@ from bertrain.data.loader import MicroBatchDataset, epoch_plan, masking_settings
 from bertrain.data import pair_chunks
 from bertrain.data.pair_chunks import random_b
 from bertrain.data.pairs import build_plan
-from bertrain.data.split_index import gather_tokens, read_bits, read_spans
+from bertrain.data.split_index import gather_tokens, read_bits, read_spans, read_values
 from bertrain.tokenizer_file import load_tokenizer
 from bertrain.errors import DataError
 from tests.helpers import make_prepared_dir
@@ -78,13 +78,16 @@ def test_read_spans_writes_what_gather_tokens_reads(bits):
         starts = rng.integers(0, base[-1] + 1, 8)
         lengths = np.minimum(rng.integers(0, 12, 8), base[-1] - starts)
         at = np.cumsum(lengths + rng.integers(0, 3, 8)) - lengths
-        read = read_bits if bits else (lambda array, local: array[local])
+        read = read_bits if bits else read_values
         out = np.full(int(at[-1] + lengths[-1]) + 2, -1, dtype=np.int64)
-        written = read_spans(shards, base, starts, lengths, out, at, read)
+        doubled = np.full_like(out, -1)             # a second target: the same spans of the values times 2
+        twice = lambda array, local: 2 * read(array, local).astype(np.int64)  # noqa: E731
+        written = read_spans(base, starts, lengths, at, [(shards, out, read), (shards, doubled, twice)])
         expected = np.full_like(out, -1)
         for start, length, place in zip(starts, lengths, at):
             expected[place:place + length] = gather_tokens(shards, base, np.arange(start, start + length), read)
         assert out.tolist() == expected.tolist()
+        assert doubled.tolist() == np.where(expected >= 0, 2 * expected, -1).tolist()
         assert sorted(written.tolist()) == np.concatenate([np.arange(p, p + n) for p, n in zip(at, lengths)]).tolist()
 
 

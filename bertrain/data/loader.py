@@ -16,7 +16,7 @@ from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
 from bertrain.data.pairs import EpochPlan, build_plan
-from bertrain.data.split_index import SplitIndex, gather_tokens, index_split, read_bits, read_spans
+from bertrain.data.split_index import SplitIndex, gather_tokens, index_split, read_bits, read_spans, read_values
 from bertrain.data.workers import worker_count, worker_died_error
 from bertrain.errors import DataError, UsageError
 
@@ -147,7 +147,12 @@ class MicroBatchDataset:
         else:
             starts, lengths, places = a_start, a_length, rows * width + 1
         input_ids = np.full((len(ids), width), self.special_tokens["pad"], dtype=np.int64)
-        text_at = read_spans(self._tokens, self.token_base, starts, lengths, input_ids.reshape(-1), places)
+        targets = [(self._tokens, input_ids.reshape(-1), read_values)]
+        word_start = None
+        if self._word_starts is not None:
+            word_start = np.zeros(input_ids.shape, dtype=bool)
+            targets.append((self._word_starts, word_start.reshape(-1), read_bits))
+        text_at = read_spans(self.token_base, starts, lengths, places, targets)
         special = np.ones(input_ids.shape, dtype=bool)
         special.reshape(-1)[text_at] = False
         input_ids[:, 0] = self.special_tokens["cls"]
@@ -160,10 +165,6 @@ class MicroBatchDataset:
             else np.zeros_like(input_ids)
         keys = instance_keys(self.seed, _KEY_STREAMS[self.split_name], self.epoch, positions)
         label = plan.sentence_label[ids] if self.pairs else None
-        word_start = None
-        if self._word_starts is not None:
-            word_start = np.zeros(input_ids.shape, dtype=bool)
-            read_spans(self._word_starts, self.token_base, starts, lengths, word_start.reshape(-1), places, read_bits)
         return AssembledBatch(input_ids, token_type, attention, special, label, keys, word_start)
 
     def __getitem__(self, micro_batch: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Shared by the pair plans (pairs.py, pair_chunks.py) and the loader, below all of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -60,8 +61,13 @@ def index_split(split: Split) -> SplitIndex:
                       np.concatenate(firsts).astype(np.int64), np.asarray(bases, dtype=np.int64))
 
 
+def read_values(array: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Values at positions of a per-token array (read_spans' and gather_tokens' plain read)."""
+    return array[local]
+
+
 def gather_tokens(shards_tokens: list[np.ndarray], token_base: np.ndarray, positions: np.ndarray,
-                  read=lambda array, local: array[local]) -> np.ndarray:
+                  read: Callable = read_values) -> np.ndarray:
     """Token ids (int64) at global token positions (any shape), read from the memory-mapped shards
     (`read(shard array, shard-local positions)` reads other per-token arrays, e.g. read_bits)."""
     flat = positions.reshape(-1)
@@ -87,19 +93,21 @@ def span_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(starts, dtype=np.int64) - before, lengths) + np.arange(int(lengths.sum()))
 
 
-def read_spans(shards_tokens: list[np.ndarray], token_base: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-               out: np.ndarray, at: np.ndarray, read=lambda array, local: array[local]) -> np.ndarray:
-    """Write the tokens of each span [start, start + length) to the flat array `out` from index `at` on: gather_tokens
-    with one shard lookup per span instead of a sort of every token by shard (a span lies in one document). Returns
-    the indices of `out` written (in no particular order)."""
+def read_spans(token_base: np.ndarray, starts: np.ndarray, lengths: np.ndarray, at: np.ndarray,
+               targets: list[tuple[list[np.ndarray], np.ndarray, Callable]]) -> np.ndarray:
+    """For each target (per-shard arrays, a flat `out`, read(shard array, local positions)), write each span
+    [start, start + length) of the arrays to `out` from index `at` on: gather_tokens with one shard lookup per span
+    instead of a sort of every token by shard (a span lies in one document), and one lookup for all the targets (the
+    token ids and the word-start bits of the same spans). Returns the indices of `out` written (in no order)."""
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     if not len(starts):
         return np.zeros(0, dtype=np.int64)
     used = lengths > 0
     shard = np.searchsorted(token_base, starts, side="right") - 1
     if (shard != np.searchsorted(token_base, starts + lengths - 1, side="right") - 1)[used].any():
-        place = span_positions(at, lengths)
-        out[place] = gather_tokens(shards_tokens, token_base, span_positions(starts, lengths), read)  # across shards
+        place, positions = span_positions(at, lengths), span_positions(starts, lengths)
+        for arrays, out, read in targets:
+            out[place] = gather_tokens(arrays, token_base, positions, read)  # across shards
         return place
     shard = np.where(used, shard, 0)     # an empty span's start may lie past the last shard
     order = np.argsort(shard, kind="stable")                # spans grouped by shard: one fancy read per shard
@@ -109,7 +117,8 @@ def read_spans(shards_tokens: list[np.ndarray], token_base: np.ndarray, starts: 
     first_span = np.flatnonzero(np.concatenate([[True], shard[1:] != shard[:-1]]))
     bounds = np.append(np.concatenate([[0], np.cumsum(lengths)])[first_span], len(local))
     for k, first, last in zip(shard[first_span], bounds[:-1], bounds[1:]):
-        out[place[first:last]] = read(shards_tokens[k], local[first:last])
+        for arrays, out, read in targets:
+            out[place[first:last]] = read(arrays[k], local[first:last])
     return place
 
 
