@@ -166,7 +166,7 @@ def test_demo_end_to_end_shows_learning(tmp_path):
     env = dict(os.environ, WANDB_MODE="disabled", HF_HUB_OFFLINE="1", COLUMNS="250")
     # The README's demo at half its default length (`--steps 1200`: the same stages, its schedule and checkpoints
     # scaled to 1200 steps): the default's 2400 took 556 s of one of the suite's two workers on an AVX2-only CPU,
-    # the longest test by 4x. 1200 steps clear every learning bar below (measured there: 25.1% validation accuracy
+    # the longest test by 3.8x. 1200 steps clear every learning bar below (measured there: 25.1% validation accuracy
     # against 4.6%, "try except finally with true" for the keyword). Only a hang fails it, see STALL_SECONDS.
     returncode, stdout = _run_watching_for_stalls(
         [sys.executable, "-m", "bertrain", "demo", "--out", str(out), "--steps", str(DEMO_STEPS)], env)
