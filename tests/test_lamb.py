@@ -364,6 +364,7 @@ def test_lamb_step_reads_no_tensor_value_on_the_host(monkeypatch, native):
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@pytest.mark.slow  # 120-200 s on 2 cores: Triton's interpreter runs each program in Python
 def test_triton_kernel_in_the_interpreter_equals_per_parameter_lamb():
     """The tests below, in a process where Triton's interpreter runs the GPU kernel on the CPU (it must be chosen
     before Triton is imported). Not run again under the portable ATen kernels (not cross_path): the interpreter

@@ -258,6 +258,8 @@ def test_readme_names_shipped_configs_and_recipes():
     test_command = re.search(r'python3 -m pip install torch==2\.13\.0 && python3 -m pip install -e "\.\[dev\]" && '
                              r'(python3 -m pytest[^\n]*)\n', text)
     assert test_command and f"\n{test_command[1]}\n" in ci, "CI runs the README's test command"
+    slow = test_command[1].replace('-m "not slow"', "-m slow")
+    assert slow != test_command[1] and f"\n{slow}\n" in ci, "CI runs the slow tests the README's command leaves out"
     for link in re.findall(r"\]\(((?!https?:)[^)#]+)\)", text):
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
 
