@@ -23,8 +23,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The demo's end-to-end run first: it is half of one worker's time under the README's two workers
-    (pytest-xdist, `-n 2 --dist worksteal`), which the other worker spends on the rest, taking over the first one's
+    """The demo's end-to-end run first: it is half of one worker's time in CI's pass of the slow tests (`-m slow`,
+    pytest-xdist's `-n 2 --dist worksteal`), which the other worker spends on the rest, taking over the first one's
     queue. Other slow tests keep their places: two compute-bound tests at once slow each other down more. A marker,
     not a name, so that renaming the test keeps its place."""
     items.sort(key=lambda item: item.get_closest_marker("run_first") is None)
