@@ -296,7 +296,7 @@ def test_another_order_matches_the_plain_run_within_float32_rounding(path_runs, 
         assert ours[step] == pytest.approx(plain[step], rel=rtol, abs=0), (step, abs(ours[step] / plain[step] - 1))
 
 
-@pytest.mark.slow  # 45-100 s on 2 cores: every cross_path test again, in one process
+@pytest.mark.slow  # 40-100 s on 2 cores: every cross_path test again, in one process
 def test_the_in_process_comparisons_hold_under_the_portable_kernels():
     """The comparisons that run inside pytest (marked cross_path) run here under the own kernels: again under the
     portable ones (ATEN_CPU_CAPABILITY is read once per process, hence a pytest of their own)."""
