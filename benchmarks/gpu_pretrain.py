@@ -10,11 +10,14 @@ torch.profiler over COUNT whole loop steps after START (data, forward, backward,
 device time, grouped as gpu_profile.py groups the bare step's), best before the measured steps; --trace FILE also
 writes them as a Chrome trace (host and device on one timeline: where the device waited); on a GPU the profile also
 holds the device's idle time in those steps and how much of it the host left (trace_gaps.py). Each step's host time
-inside train_step is recorded too: near the step's time, the host is the limit. Used by gpu_suite.sh; everything
-after `--` goes to `bertrain pretrain`.
+inside train_step is recorded too: near the step's time, the host is the limit. --per-weight-casts: the model with
+autocast casting each weight (build_model's fused_weight_cast=False) instead of one cast a layer, whose
+ParameterCopies cost host time (a CPU proxy: a layer's forward and backward 0.936x the time without it, README
+*GPU*), in a loop the host limits. Used by gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
     python benchmarks/gpu_pretrain.py --last 200 --profile 40:3 -- --config bert_large --data D --run-dir R
+    python benchmarks/gpu_pretrain.py --last 100 --per-weight-casts -- --config bert_large --data D --run-dir R
 """
 
 from __future__ import annotations
@@ -159,6 +162,24 @@ def compile_encoder_whole() -> None:
     setup.compile_layers = compile_encoder
 
 
+def per_weight_casts() -> list:
+    """The run's model built with autocast casting each weight (EncoderLayer.fused_weight_cast off); returns the
+    list that will hold the model's encoder layers, to check that it ran so."""
+    from bertrain.model import build_model
+    from bertrain.model.layers import EncoderLayer
+    from bertrain.train import loop
+
+    layers: list = []
+
+    def build(model_config, **options):
+        model = build_model(model_config, **options, fused_weight_cast=False)
+        layers.extend(m for m in model.modules() if isinstance(m, EncoderLayer))
+        return model
+
+    loop.build_model = build
+    return layers
+
+
 def windows(run_dir: Path, last: int) -> tuple[int, float, float, float]:
     """(steps, seconds, tokens, samples) of metrics.jsonl's train windows within the last `last` steps
     (all but the first window when the run is shorter)."""
@@ -239,6 +260,8 @@ def main() -> None:
                         help="What train.compile compiles: each encoder layer (bertrain's way) or the encoder "
                              "whole, all its layers in one graph (one guard check and one AOTAutograd call a "
                              "direction instead of one a layer: 14-31%% less time a step on a 2-core CPU at width 64).")
+    parser.add_argument("--per-weight-casts", action="store_true",
+                        help="The model with autocast casting each weight instead of one cast a layer.")
     args, pretrain_args = parser.parse_known_args()
     pretrain_args = [a for a in pretrain_args if a != "--"]
     run_dir = Path(pretrain_args[pretrain_args.index("--run-dir") + 1])
@@ -249,6 +272,7 @@ def main() -> None:
 
     if args.compile_scope == "encoder":
         compile_encoder_whole()
+    per_weight_layers = per_weight_casts() if args.per_weight_casts else None
 
     profile = tuple(int(n) for n in args.profile.split(":")) if args.profile else None
     probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace)
@@ -257,6 +281,8 @@ def main() -> None:
     result["exit_code"] = cli(["pretrain", *pretrain_args])
     result["wall_s"] = time.perf_counter() - started
     result["time_limited"], result["loader_workers"] = probe.stopped, probe.loader_workers
+    # every encoder layer of the run's model with per-weight casts (False: the default's one cast a layer)
+    result["per_weight_casts"] = bool(per_weight_layers) and not any(l.fused_weight_cast for l in per_weight_layers)
     device = probe.device
     if device.type == "cuda":
         result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -164,6 +164,13 @@ def part2(state, commands, results) -> list[str]:
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
         out += ["", f"model.unpad true vs false at the longer length: "
                 f"{unpadded['samples_per_s'] / padded['samples_per_s']:.2f}x sequences/s."]
+    default, per_weight = by_label.get("bert_large-128"), by_label.get("bert_large-128-per-weight-casts")
+    large = bare.get(next((tuple(run["bare"]) for run in runs if run["label"] == "bert_large-128"), None))
+    if vs_bare(default, large) and vs_bare(per_weight, large):
+        out += ["", "bert_large's loop with one weight cast a layer (the default) against autocast casting each "
+                f"weight (`gpu_pretrain.py --per-weight-casts`): vs bare {vs_bare(default, large):.2f} against "
+                f"{vs_bare(per_weight, large):.2f}, host in step {fmt(host_share(default), '.2f')} against "
+                f"{fmt(host_share(per_weight), '.2f')}."]
     transfer = next((c for c in commands if c.label == "loader-transfer" and c.status == "ok"), None)
     if transfer:
         out += ["", "**Taking a batch** (`benchmarks/loader_transfer.py`, the synthetic data above): the training "

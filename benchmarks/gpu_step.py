@@ -13,6 +13,7 @@ model. Not part of the test suite; `--device cpu` runs a tiny shape in fp32 (tes
     python benchmarks/gpu_step.py --shapes bert-large --seqs 128 --compile
     python benchmarks/gpu_step.py --shapes bert-large,albert-large --seqs 128 --per-weight-casts
     python benchmarks/gpu_step.py --device cpu --shapes tiny --seqs 64 --batch 4
+    python benchmarks/gpu_step.py --device cpu --dtype bf16 --shapes bert-large-narrow --seqs 8 --per-weight-casts
 """
 
 from __future__ import annotations
@@ -35,14 +36,18 @@ SHAPES = {  # name: (shipped config, vocab size, {seq: batch on an 80 GB GPU})
     "albert-large": ("albert_large", 30000, {128: 128, 512: 16}),
     "tiny": ("tiny_bert", 1000, {32: 4, 64: 4, 128: 4}),  # for `--device cpu` (the tests)
     "tiny-albert": ("tiny_albert", 1000, {32: 4, 64: 4, 128: 4}),
+    # bert-large's 24 layers at a width where a CPU step is nearly all host time (Python, dispatch, autograd): a
+    # proxy of the host time a GPU step takes, e.g. `--device cpu --dtype bf16 --seqs 8 --per-weight-casts`
+    "bert-large-narrow": ("bert_large", 64, {8: 1}),
 }
+NARROW = {"bert-large-narrow": ["model.hidden_size=16", "model.num_attention_heads=4", "model.intermediate_size=32"]}
 
 
 def model_config(shape: str, seq: int):
     """The shipped config's model at this length: 512 positions as the real models (more for a longer seq)."""
     config_name, vocab, _ = SHAPES[shape]
     return load_config(config_name, [f"model.vocab_size={vocab}", f"data.max_seq_length={seq}",
-                                     f"model.max_position_embeddings={max(seq, 512)}"]).model
+                                     f"model.max_position_embeddings={max(seq, 512)}", *NARROW.get(shape, [])]).model
 
 
 def build_pair(shape: str, seq: int, device: torch.device):

@@ -68,6 +68,9 @@ def data_dirs(scratch: Path) -> dict[str, Path]:
     return {name: scratch / name for name in ("pydoc", "corpus", "synthetic")}
 
 
+PER_WEIGHT_CASTS = "bert_large-128-per-weight-casts"  # part 2's loop A/B, run when time is left
+
+
 def pretrain_runs(quick: bool) -> list[dict]:
     """Parts 2 and 5: label, config, seq, batch (part 1's for that shape), steps, log window, figures over the
     last steps, extra sets, part 1's row to compare with, and the run's time plan (see Command)."""
@@ -82,7 +85,8 @@ def pretrain_runs(quick: bool) -> list[dict]:
                 dict(at_64, label="bert_base-512-unpad-true", sets=common["sets"] + ["model.unpad=true"], steps=1000,
                      time_limit=1, min_steps=12),
                 dict(common, label="bert_large-128-compile", steps=10, last=5, optional=True, profile="2:2",
-                     sets=common["sets"] + ["train.compile=true"])]
+                     sets=common["sets"] + ["train.compile=true"]),
+                dict(common, label=PER_WEIGHT_CASTS, optional=True, bench_args=["--per-weight-casts"])]
     common = dict(steps=300, log_every=25, last=200, grace=15, sets=["model.vocab_size=30522",
                                                                      "train.mixed_precision=auto"])
     base = dict(common, config="bert_base", seq=128, batch=256, bare=("bert-base", 128))
@@ -105,7 +109,12 @@ def pretrain_runs(quick: bool) -> list[dict]:
             # Profiled (3 steps after its compiling, before the measured ones) against part 7's compiled bare step
             dict(common, label="bert_large-128-compile", config="bert_large", seq=128, batch=128,
                  bare=("bert-large", 128), steps=80, log_every=10, last=50, cap=300, floor=0, expect=115, grace=25,
-                 min_start=100, optional=True, profile="20:3", sets=common["sets"] + ["train.compile=true"])]
+                 min_start=100, optional=True, profile="20:3", sets=common["sets"] + ["train.compile=true"]),
+            # bert_large-128's loop again with autocast casting each weight: one cast a layer saves device time in
+            # the bare step (1.04x on the H200), but its ParameterCopies cost host time, and the host limits the loop
+            dict(common, label=PER_WEIGHT_CASTS, config="bert_large", seq=128, batch=128, bare=("bert-large", 128),
+                 steps=150, last=100, cap=50, floor=0, expect=35, min_start=45, optional=True,
+                 bench_args=["--per-weight-casts"])]
 
 
 def step_shapes(quick: bool) -> list[tuple[str, int]]:
@@ -118,7 +127,7 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
 # optional, when time is left, after part 5's runs, in this order: the compiled bare step's profile, the time the
 # training process takes for a batch from workers (loader_transfer.py), and LAMB's kernel configurations (two H200
 # runs agreed on the default; part 4's first command judges the LAMB target)
-EXTRA_RUNS = ("profile-compile", "loader-transfer", "lamb-kernels")
+EXTRA_RUNS = (PER_WEIGHT_CASTS, "profile-compile", "loader-transfer", "lamb-kernels")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
 
@@ -134,8 +143,8 @@ def target_shapes(quick: bool) -> dict:
 
 def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6, 7), then the optional ones: the
-    compiled step, the compiled loop, the compiled step's profile, taking a batch from workers, LAMB's kernel
-    configurations."""
+    compiled step, the compiled loop, bert_large's loop with per-weight casts, the compiled step's profile, taking a
+    batch from workers, LAMB's kernel configurations."""
     bench, results, data = ROOT / "benchmarks", scratch / "results", data_dirs(scratch)
     workers = 2 if quick else max(1, min(16, os.cpu_count() or 1))
     prepare = [PY, "-m", "bertrain", "prepare", "--recipe", "pydoc"]
@@ -167,6 +176,7 @@ def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
             argv += ["--compile-backend", "eager"]  # inductor's C++ build takes minutes on 2 cores
         if run.get("profile"):
             argv += ["--profile", run["profile"]]
+        argv += run.get("bench_args", [])
         argv += ["--", "--config", run["config"], "--data", data["synthetic"], "--run-dir", scratch / run["label"]]
         sets = [f"train.max_steps={run['steps']}", f"train.log_every={run['log_every']}", "train.eval_every=0",
                 "train.save_every=100000", f"train.batch_size={run['batch']}", f"data.max_seq_length={run['seq']}",

@@ -36,6 +36,18 @@ def test_gpu_step_runs_on_cpu_with_a_tiny_shape():
         assert all(value > 0 for value in numbers(row)[2:]), row
 
 
+def test_gpu_step_times_bert_large_narrow_with_per_weight_casts_beside_it():
+    """The host-time proxy (README, *GPU*): bert-large's 24 layers at width 16, bf16 autocast on the CPU."""
+    out = run("gpu_step.py", "--device", "cpu", "--dtype", "bf16", "--shapes", "bert-large-narrow", "--seqs", "8",
+              "--per-weight-casts", "--rounds", "1", "--repeats", "1", "--gemm-size", "64")
+    row = next(line for line in out.splitlines() if line.startswith("bert-large-narrow "))
+    assert numbers(row)[:2] == [8, 1] and "bf16" in out
+    per_weight, ratio = (float(x) for x in re.findall(r"per-weight casts: ([\d.]+) seq/s, one cast per layer ([\d.]+)x",
+                                                         row)[0])
+    ours = numbers(row)[2]
+    assert per_weight > 0 and ours > 0 and abs(ratio - ours / per_weight) <= 0.001 + 0.1 / per_weight, row
+
+
 def test_split_heads_benchmark_prints_both_dtypes():
     out = run("split_heads.py", "--batch", "2", "--seq", "16", "--hidden", "64", "--heads", "4", "--rounds", "1",
               "--repeats", "1")

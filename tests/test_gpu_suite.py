@@ -58,14 +58,21 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "7", "2",
-                                                                          "4"]
-    assert [c.label for c in commands[-5:]] == ["gpu_step-compile", "bert_large-128-compile", "profile-compile",
-                                                "loader-transfer", "lamb-kernels"]
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "2", "7",
+                                                                          "2", "4"]
+    assert [c.label for c in commands[-6:]] == ["gpu_step-compile", "bert_large-128-compile",
+                                                gpu_suite.PER_WEIGHT_CASTS, "profile-compile", "loader-transfer",
+                                                "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-5]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-5:]) and not any(c.optional for c in commands[:-5])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-5].min_start)
+    before_compile = sum(c.expect for c in commands[:-6]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-6:]) and not any(c.optional for c in commands[:-6])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-6].min_start)
+    # the loop A/B: bert_large-128's run with autocast's per-weight casts, the same batches and length of figures
+    default, per_weight = (next(c for c in commands if c.label == label)
+                           for label in ("bert_large-128", gpu_suite.PER_WEIGHT_CASTS))
+    assert "--per-weight-casts" in per_weight.argv and "--per-weight-casts" not in default.argv
+    but_steps = [[s for s in sets_of(c.argv) if not s.startswith("train.max_steps=")] for c in (default, per_weight)]
+    assert but_steps[0] == but_steps[1] and "--profile" not in per_weight.argv
     # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
     compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
     profile_compiled = next(c for c in commands if c.label == "profile-compile")
@@ -107,13 +114,14 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands[-1].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # LAMB's kernel configurations
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 30 s needed"  # taking a batch from workers
     commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
-    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 100 s needed"  # the compiled loop
+    commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 45 s needed"  # the per-weight-casts loop
+    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 100 s needed"  # the compiled loop
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-5].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-6].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-6].status = "timed out after 45 s"  # part 7's eager profile is not optional
+    commands[-7].status = "timed out after 45 s"  # part 7's eager profile is not optional
     assert gpu_suite.suite_failed({}, commands)
-    commands[-6].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-7].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -240,7 +248,9 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
-    assert [row[12] for row in table_rows(report, "## 2.")] == ["0"] * 4  # the runs' loader workers
+    assert [row[12] for row in table_rows(report, "## 2.")] == ["0"] * 5  # the runs' loader workers
+    assert "default) against autocast casting each weight (`gpu_pretrain.py --per-weight-casts`): vs bare 1.02 " \
+           "against 1.02, host in step 0.90 against 0.90." in report
     assert {row[13] for row in table_rows(report, "## 2.")} == {"0.90"}  # the host 54 ms of a 60 ms step
     # the compiled loop (290.4 T) against the compiled bare step: 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T:
     # 0.82; the eager loop's row has no such figure
@@ -342,7 +352,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 17
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 18
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 < r["per_weight_casts"]
                                           for r in figures["1"])
@@ -356,7 +366,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
     # runs did all their steps; the packed encoder computed no padding, the padded one all of it
     assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
-        [(False, 15, 10)] * 3 + [(True, 13, 8)]
+        [(False, 15, 10)] * 3 + [(True, 13, 8), (False, 15, 10)]
+    assert [r["per_weight_casts"] for r in figures["2"]] == [False] * 4 + [True]  # the last: the loop A/B
     padded, packed = figures["2"][2], figures["2"][3]
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
     assert "last 8 of 13 (time limit)" in report
@@ -366,7 +377,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert [line[7:35].strip() for line in taking] == list(loader_transfer.VARIANTS), taking
     assert all(float(line.split()[-4]) > 0 and line.endswith("x") for line in taking), taking
     assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile"]
-    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 5  # auto: none
+    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 6  # auto: none
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
     # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each
     assert all(r["graph_breaks"] >= 1 for r in figures["5"])
@@ -381,7 +392,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
         [("two_pass", 0.0, None), ("pipelined", 0.0, True)] * HAS_TRITON
     assert all(r["device_ms"] > 0 and r["device_ratio"] > 0 and r["host_ahead"] for r in kernels)
     assert "**PASS**" in report
-    for heading, count in (("## 1.", 4), ("## 2.", 4), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
+    assert "default) against autocast casting each weight (`gpu_pretrain.py --per-weight-casts`): vs bare " in report
+    for heading, count in (("## 1.", 4), ("## 2.", 5), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
                            ("## 5.", 2 + 1)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
