@@ -111,7 +111,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
                  bare=("bert-large", 128), steps=80, log_every=10, last=50, cap=300, floor=0, expect=115, grace=25,
                  min_start=100, optional=True, profile="20:3", sets=common["sets"] + ["train.compile=true"]),
             # bert_large-128's loop again with autocast casting each weight: one cast a layer saves device time in
-            # the bare step (1.04x on the H200), but its ParameterCopies cost host time, and the host limits the loop
+            # the bare step (1.04x on the H200), but may cost host time (README, GPU), and the host limits the loop
             dict(common, label=PER_WEIGHT_CASTS, config="bert_large", seq=128, batch=128, bare=("bert-large", 128),
                  steps=150, last=100, cap=50, floor=0, expect=35, min_start=45, optional=True,
                  bench_args=["--per-weight-casts"])]

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertrain.batch_layout import Packing, buckets_of
+from bertrain.model.weight_cast import CastCopies, ParameterCopies, half_copies
 
 
 def activation(name: str):
@@ -103,37 +104,6 @@ class LayerWeights(NamedTuple):
     down: Pair
     attention_norm: Pair
     output_norm: Pair
-
-
-def half_copies(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
-    """Copies of `tensors` in `dtype`, all in one kernel (torch._foreach_copy_), outside autograd: ParameterCopies
-    connects each use to its parameter. Autocast casts each weight in a kernel and host op of its own: ~600 a
-    bert-large step, in a loop the H200 trace found host-bound (2026-11-26)."""
-    with torch.no_grad():
-        copies = [torch.empty_like(t, dtype=dtype) for t in tensors]
-        torch._foreach_copy_(copies, tensors)
-    return copies
-
-
-class ParameterCopies(torch.autograd.Function):
-    """(parameters, their half_copies) → the copies, for one application of a layer; backward: the copies' gradients
-    cast back to the parameters' dtype, in one kernel. Each application of a shared ALBERT layer has its own, so its
-    applications' gradients meet in float32 (AccumulateGrad), not in bf16 as on one copy (autocast's cached casts)."""
-
-    @staticmethod
-    def forward(ctx, count: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.set_materialize_grads(False)
-        ctx.dtypes = [t.dtype for t in tensors[:count]]
-        return tuple(half.view_as(half) for half in tensors[count:])  # views: no copy here
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        given = [i for i, grad in enumerate(grads) if grad is not None]
-        results = [torch.empty_like(grads[i], dtype=ctx.dtypes[i]) for i in given]
-        if results:
-            torch._foreach_copy_(results, [grads[i] for i in given])
-        out = dict(zip(given, results))
-        return (None, *map(out.get, range(len(grads))), *[None] * len(grads))  # none for the copies: not parameters
 
 
 class SelfAttention(nn.Module):
@@ -297,18 +267,27 @@ class EncoderLayer(nn.Module):
         """Under autocast, half_copies of the parameters this layer computes with in half precision: the linears',
         and the LayerNorms' but for float32_residual's (float32, with float32 parameters). None without autocast, or
         where fused_weight_cast is off (autocast then casts each weight)."""
-        device = self.attention.qkv.weight.device.type
-        if not (self.fused_weight_cast and torch.is_autocast_enabled(device)):
+        if not self.casts_weights():
             return None
-        cast = 8 if self.attention_norm.float32_residual else 12
-        return half_copies(self.parameter_list()[:cast], torch.get_autocast_dtype(device))
+        dtype = torch.get_autocast_dtype(self.attention.qkv.weight.device.type)
+        return half_copies(self.parameter_list()[:self.cast_count()], dtype)
+
+    def casts_weights(self) -> bool:
+        """Whether this forward copies the weights to autocast's half type itself (weight_copies' condition)."""
+        return self.fused_weight_cast and torch.is_autocast_enabled(self.attention.qkv.weight.device.type)
+
+    def cast_count(self) -> int:
+        """How many of parameter_list() are copied: all but float32_residual's LayerNorm parameters."""
+        return 8 if self.attention_norm.float32_residual else 12
 
     def weights(self, copies: list[torch.Tensor] | None = None) -> LayerWeights:
         """The parameters as this application uses them: under autocast, `copies` (this forward's weight_copies(),
         made here when not given) through ParameterCopies; else the parameters."""
         tensors = self.parameter_list()
-        copies = self.weight_copies() if copies is None else copies
-        if copies is not None:
+        if copies is None and self.casts_weights():  # applied once: its copies made here, in one Function
+            count = self.cast_count()
+            tensors[:count] = CastCopies.apply(torch.get_autocast_dtype(tensors[0].device.type), *tensors[:count])
+        elif copies is not None:
             tensors[:len(copies)] = ParameterCopies.apply(len(copies), *tensors[:len(copies)], *copies)
         pairs = iter(tensors)
         return LayerWeights(*zip(pairs, pairs))  # (weight, bias) after (weight, bias), in LayerWeights' order
