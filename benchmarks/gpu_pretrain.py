@@ -12,7 +12,8 @@ writes them as a Chrome trace (host and device on one timeline: where the device
 holds the device's idle time in those steps and how much of it the host left (trace_gaps.py). Each step's host time
 inside train_step is recorded too: near the step's time, the host is the limit. --per-weight-casts: the model with
 autocast casting each weight (build_model's fused_weight_cast=False) instead of one cast a layer, which saves device
-time and may cost host time (README, *GPU*: gpu_step.py's bert-large-narrow), in a loop the host limits. Used by gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
+time and may cost host time (README, *GPU*: gpu_step.py's bert-large-narrow), in a loop the host limits. Used by
+gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
     python benchmarks/gpu_pretrain.py --last 200 --profile 40:3 -- --config bert_large --data D --run-dir R
