@@ -281,8 +281,8 @@ class EncoderLayer(nn.Module):
         return 8 if self.attention_norm.float32_residual else 12
 
     def weights(self, copies: list[torch.Tensor] | None = None) -> LayerWeights:
-        """The parameters as this application uses them: under autocast, `copies` (this forward's weight_copies(),
-        made here when not given) through ParameterCopies; else the parameters."""
+        """The parameters as this application uses them: under autocast, `copies` (run_steps' weight_copies() of a
+        shared layer) through ParameterCopies, or without them copies made here by CastCopies; else the parameters."""
         tensors = self.parameter_list()
         if copies is None and self.casts_weights():  # applied once: its copies made here, in one Function
             count = self.cast_count()

@@ -7,8 +7,8 @@ import torch
 
 
 def half_copies(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
-    """Copies of `tensors` in `dtype`, all in one kernel (torch._foreach_copy_), outside autograd: ParameterCopies
-    connects each use to its parameter. Autocast casts each weight in a kernel and host op of its own: ~600 a
+    """Copies of `tensors` in `dtype`, all in one kernel (torch._foreach_copy_), outside autograd: ParameterCopies or
+    CastCopies connects each use to its parameter. Autocast casts each weight in a kernel and host op of its own: ~600 a
     bert-large step, in a loop the H200 trace found host-bound (2026-11-26)."""
     with torch.no_grad():
         copies = [torch.empty_like(t, dtype=dtype) for t in tensors]
