@@ -124,9 +124,9 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# optional, when time is left, after part 5's runs, in this order: the compiled bare step's profile, the time the
-# training process takes for a batch from workers (loader_transfer.py), and LAMB's kernel configurations (two H200
-# runs agreed on the default; part 4's first command judges the LAMB target)
+# optional, when time is left, after part 5's runs, in this order: bert_large's loop with per-weight casts, the
+# compiled bare step's profile, the time the training process takes for a batch from workers (loader_transfer.py),
+# and LAMB's kernel configurations (two H200 runs agreed on the default; part 4's first command judges the LAMB target)
 EXTRA_RUNS = (PER_WEIGHT_CASTS, "profile-compile", "loader-transfer", "lamb-kernels")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
