@@ -166,10 +166,11 @@ def part2(state, commands, results) -> list[str]:
                 f"{unpadded['samples_per_s'] / padded['samples_per_s']:.2f}x sequences/s."]
     default, per_weight = by_label.get("bert_large-128"), by_label.get("bert_large-128-per-weight-casts")
     large = bare.get(next((tuple(run["bare"]) for run in runs if run["label"] == "bert_large-128"), None))
-    if vs_bare(default, large) and vs_bare(per_weight, large):
+    one_cast, per_weight_cast = vs_bare(default, large), vs_bare(per_weight, large)
+    if one_cast and per_weight_cast:
         out += ["", "bert_large's loop with one weight cast a layer (the default) against autocast casting each "
-                f"weight (`gpu_pretrain.py --per-weight-casts`): vs bare {vs_bare(default, large):.2f} against "
-                f"{vs_bare(per_weight, large):.2f}, host in step {fmt(host_share(default), '.2f')} against "
+                f"weight (`gpu_pretrain.py --per-weight-casts`): vs bare {one_cast:.2f} against "
+                f"{per_weight_cast:.2f}, host in step {fmt(host_share(default), '.2f')} against "
                 f"{fmt(host_share(per_weight), '.2f')}."]
     transfer = next((c for c in commands if c.label == "loader-transfer" and c.status == "ok"), None)
     if transfer:
