@@ -26,6 +26,13 @@ def numbers(line: str) -> list[float]:
     return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", line)]
 
 
+def within_rounding(ratio: float, numerator: float, denominator: float, half_unit: float, ratio_half_unit: float) -> bool:
+    """Whether a printed ratio lies within the interval its two printed (rounded) operands allow."""
+    lowest = (numerator - half_unit) / (denominator + half_unit)
+    highest = (numerator + half_unit) / max(denominator - half_unit, 1e-12)
+    return lowest - ratio_half_unit <= ratio <= highest + ratio_half_unit
+
+
 def test_gpu_step_runs_on_cpu_with_a_tiny_shape():
     out = run("gpu_step.py", "--device", "cpu", "--shapes", "tiny", "--seqs", "32,64", "--batch", "2",
               "--rounds", "1", "--repeats", "1", "--gemm-size", "128")
@@ -45,9 +52,8 @@ def test_gpu_step_times_bert_large_narrow_with_per_weight_casts_beside_it():
     per_weight, ratio = (float(x) for x in re.findall(r"per-weight casts: ([\d.]+) seq/s, one cast per layer ([\d.]+)x",
                                                          row)[0])
     ours = numbers(row)[2]
-    # Both rates are printed to 0.1 seq/s and the ratio to 0.001: the ratio lies within the rounded rates' interval.
-    lowest, highest = (ours - 0.05) / (per_weight + 0.05), (ours + 0.05) / max(per_weight - 0.05, 1e-9)
-    assert per_weight > 0 and ours > 0 and lowest - 0.0005 <= ratio <= highest + 0.0005, row
+    # The rates are printed to 0.1 seq/s, the ratio to 0.001
+    assert per_weight > 0 and ours > 0 and within_rounding(ratio, ours, per_weight, 0.05, 0.0005), row
 
 
 def test_split_heads_benchmark_prints_both_dtypes():
@@ -57,8 +63,7 @@ def test_split_heads_benchmark_prints_both_dtypes():
     assert [row[0] for row in rows] == ["float32", "bfloat16"]
     for row in rows:  # ms with autograd's unbind, ms with split_heads, their ratio
         old, new, ratio = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
-        rounding = 0.0005 / old + 0.0005 / new  # the ms are printed to 3 decimals, the ratio to 2
-        assert old > 0 and new > 0 and abs(ratio - new / old) <= 0.005 + ratio * rounding, row
+        assert old > 0 and new > 0 and within_rounding(ratio, new, old, 0.0005, 0.005), row  # 3 decimals, and 2
 
 
 def test_residual_bytes_benchmark_counts_fewer_bytes_with_the_bf16_residual():
