@@ -26,7 +26,8 @@ def numbers(line: str) -> list[float]:
     return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", line)]
 
 
-def within_rounding(ratio: float, numerator: float, denominator: float, half_unit: float, ratio_half_unit: float) -> bool:
+def within_rounding(ratio: float, numerator: float, denominator: float, half_unit: float,
+                    ratio_half_unit: float) -> bool:
     """Whether a printed ratio lies within the interval its two printed (rounded) operands allow."""
     lowest = (numerator - half_unit) / (denominator + half_unit)
     highest = (numerator + half_unit) / max(denominator - half_unit, 1e-12)
@@ -77,6 +78,15 @@ def test_residual_bytes_benchmark_counts_fewer_bytes_with_the_bf16_residual():
     assert 0 < saved16 < saved32  # e.g. the LayerNorms' inputs, kept in bf16
     ratio = float(out.split("float32 residual: ")[1].split("x")[0])
     assert abs(ratio - other16 / other32) <= 0.005 + 0.05 / other32, out
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_accelerate_wrappers_benchmark_times_each_wrapper_beside_its_bare_call(precision):
+    out = run("accelerate_wrappers.py", "--mixed-precision", precision, "--rounds", "1", "--calls", "5")
+    rows = {line[:27].strip(): line[27:].split() for line in out.splitlines()[2:]}
+    assert set(rows) == {"optimizer step + zero_grad", "forward", "backward"}, out
+    for wrapped, bare, extra in rows.values():  # us through Accelerate, bare, and their difference (to 0.1 us)
+        assert float(wrapped) > 0 and float(bare) > 0 and abs(float(wrapped) - float(bare) - float(extra)) <= 0.15, out
 
 
 def test_lamb_host_benchmark_times_the_gpu_step_without_launching_a_kernel():

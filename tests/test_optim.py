@@ -13,7 +13,7 @@ from bertrain.errors import ConfigError
 from bertrain.model import build_model
 from bertrain.train.optim import (Lamb, LRSchedule, apply_settings, build_optimizer, build_scheduler, optimizer_groups,
                                   parameter_groups, warmup_steps_for)
-from bertrain.train.step import StepResult, gradient_norm, optimizer_step
+from bertrain.train.step import StepResult, backward, gradient_norm, optimizer_step, unwrap_plain
 from tests.helpers import OneProcess, assert_rounding_close
 
 
@@ -292,6 +292,66 @@ def test_clipping_is_fused_adamws_grad_scale_and_matches_torchs_clip_grad_norm(m
             assert_rounding_close(a, b, 1, steps=3, name=name)
         else:
             assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("optimizer_name", ["adamw", "lamb"])
+def test_optimizer_step_skips_accelerates_wrapper_where_it_only_passes_the_call_on(fresh_accelerate, monkeypatch,
+                                                                                    optimizer_name):
+    """Accelerate's optimizer wrapper, without a grad scaler, only calls the optimizer (after a package lookup and a
+    signature read, host time each step): optimizer_step calls the optimizer itself, and the steps are bitwise those
+    made through the wrapper."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    accelerator = Accelerator(cpu=True)
+    config = OptimConfig(name=optimizer_name, lr=1e-2, weight_decay=0.1, betas=[0.9, 0.98], eps=1e-6)
+    through_wrapper, _, _ = _clipped_steps(lambda m: accelerator.prepare_optimizer(build_optimizer(m, config)), 1.0)
+    assert accelerator.prepare_optimizer(build_optimizer(tiny_model("bert"), config)).step_was_skipped is False
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("optimizer_step went through Accelerate's wrapper")
+
+    monkeypatch.setattr(AcceleratedOptimizer, "step", refuse)
+    monkeypatch.setattr(AcceleratedOptimizer, "zero_grad", refuse)
+    direct, _, _ = _clipped_steps(lambda m: accelerator.prepare_optimizer(build_optimizer(m, config)), 1.0)
+    for (name, a), (_, b) in zip(through_wrapper.named_parameters(), direct.named_parameters()):
+        assert torch.equal(a, b), name
+
+    wrapper = accelerator.prepare_optimizer(build_optimizer(tiny_model("bert"), config))
+    assert unwrap_plain(wrapper) is wrapper.optimizer and unwrap_plain(wrapper.optimizer) is wrapper.optimizer
+    wrapper.scaler = torch.amp.GradScaler("cpu")  # fp16: the wrapper's step runs the scaler's
+    assert unwrap_plain(wrapper) is wrapper
+    wrapper.scaler = None
+    # inside accelerator.accumulate, before the last micro-batch, the wrapper skips (GradientState is process-wide)
+    monkeypatch.setattr(accelerator.gradient_state, "sync_gradients", False)
+    assert unwrap_plain(wrapper) is wrapper
+
+
+def test_backward_skips_accelerates_division_by_one_with_the_same_gradients(fresh_accelerate, monkeypatch):
+    """Accelerate's backward divides the loss by its accumulation steps first: where those are 1, train_step's
+    backward calls loss.backward() itself, and the gradients are bitwise those of accelerator.backward."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    grads = []
+    for through_accelerate in (True, False):
+        torch.manual_seed(0)
+        model = tiny_model("bert")
+        ids = torch.randint(5, 120, (2, 16), generator=torch.Generator().manual_seed(1))
+        loss = model(input_ids=ids, labels=torch.where(ids % 3 == 0, ids, -100)).loss
+        if through_accelerate:
+            accelerator.backward(loss)
+        else:
+            monkeypatch.setattr(Accelerator, "backward", lambda self, loss: pytest.fail("went through Accelerate"))
+            backward(accelerator, loss)
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+    called = []
+    monkeypatch.setattr(Accelerator, "backward", lambda self, loss: called.append(loss))
+    monkeypatch.setattr(accelerator, "gradient_accumulation_steps", 2)  # Accelerate's own accumulation divides by 2
+    backward(accelerator, torch.ones((), requires_grad=True))
+    assert len(called) == 1
 
 
 def test_clipping_for_other_optimizers_scales_the_gradients_in_place_as_torch_does():

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from accelerate.optimizer import AcceleratedOptimizer
+from accelerate.utils import DistributedType
 
 from bertrain.batch_buffer import to_device
 from bertrain.errors import TrainingDiverged
@@ -93,6 +95,20 @@ def _metric_sums(out, device) -> torch.Tensor:
     return torch.stack([s.to(torch.float64) for s in sums])
 
 
+# Where Accelerate's backward divides the loss by 1 and calls loss.backward(): two kernels a micro-batch saved
+_PLAIN_BACKWARD = {DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU}
+
+
+def backward(accelerator, loss: torch.Tensor) -> None:
+    """accelerator.backward(loss), without its division by the accumulation steps where those are 1 (bitwise the same
+    gradients; 44-69 us of host time a micro-batch on a 2-core AMD EPYC, benchmarks/accelerate_wrappers.py)."""
+    if getattr(accelerator, "gradient_accumulation_steps", None) == 1 and accelerator.scaler is None and \
+            accelerator.distributed_type in _PLAIN_BACKWARD:
+        loss.backward()
+    else:
+        accelerator.backward(loss)
+
+
 def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None) -> StepResult:
     """Forward/backward over this step's micro-batches (each with its BatchLayout); no device read, no optimizer step"""
     world, device = accelerator.num_processes, accelerator.device
@@ -116,7 +132,7 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
             loss = out.loss
             if accelerator.scaler is not None:  # fp16: a non-finite loss makes every gradient NaN: the scaler skips
                 loss = loss * torch.where(torch.isfinite(loss), 1.0, float("nan"))
-            accelerator.backward(loss)
+            backward(accelerator, loss)
     grad_norm, clip_to = gradient_norm(model, accelerator, max_grad_norm)
     finite = torch.isfinite(sums[0] + sums[2])
     if accelerator.scaler is None:  # fp16's scaler skips overflowed gradients itself, uncounted: not a bad step
@@ -196,11 +212,23 @@ def clip_scale(grad_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     return ((grad_norm + 1e-6) / max_norm).clamp(min=1.0).to(torch.float32)
 
 
+def unwrap_plain(optimizer):
+    """The optimizer inside Accelerate's wrapper where the wrapper's step and zero_grad would only call it (no grad
+    scaler, no XLA, gradients synced): they look up a package twice and read a signature each step, 0.20-0.26 ms of
+    host time a step on a 2-core AMD EPYC (benchmarks/accelerate_wrappers.py), in a loop the host limits."""
+    if type(optimizer) is not AcceleratedOptimizer or optimizer.scaler is not None:
+        return optimizer
+    synced = optimizer.gradient_state.sync_gradients
+    return optimizer.optimizer if synced and optimizer.accelerator_state.distributed_type != DistributedType.XLA \
+        else optimizer
+
+
 def optimizer_step(optimizer, result: StepResult, loss_scale: LossScale | None) -> bool:
     """Clip, step and zero the gradients so that nothing changes where `result.finite` is False, without a host read
     when the optimizer takes `found_inf` (else one sync). Under fp16 the grad scaler skips by itself (`loss_scale`
     reads whether it did). Returns whether the step counts."""
     inner = getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's AcceleratedOptimizer
+    optimizer = unwrap_plain(optimizer)  # the wrapper stays where it does more (fp16's scaler: loss_scale.step)
     scaled, clip_to = takes_grad_scale(inner), result.clip_to
     if clip_to is not None and not scaled:  # scaled in place, as torch's clip_grad_norm_ does
         params = [p for group in inner.param_groups for p in group["params"] if p.grad is not None]
