@@ -91,7 +91,11 @@ def test_albert_sums_a_shared_layers_gradients_in_float32():
 def test_without_autocast_a_layer_computes_with_its_parameters():
     layer = EncoderLayer(CONFIGS["bert"])
     weights = layer.weights()
-    assert weights.qkv[0] is layer.attention.qkv.weight and weights.output_norm[1] is layer.output_norm.bias
+    modules = {"qkv": layer.attention.qkv, "output": layer.attention.output, "up": layer.feed_forward.up,
+               "down": layer.feed_forward.down, "attention_norm": layer.attention_norm, "output_norm": layer.output_norm}
+    assert list(weights._fields) == list(modules)
+    for name, module in modules.items():  # the modules' own parameters (parameter_list reads their dicts)
+        assert getattr(weights, name)[0] is module.weight and getattr(weights, name)[1] is module.bias, name
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cast = layer.weights()
     assert cast.qkv[0].dtype == cast.attention_norm[0].dtype == torch.bfloat16
