@@ -10,13 +10,16 @@ torch.profiler over COUNT whole loop steps after START (data, forward, backward,
 device time, grouped as gpu_profile.py groups the bare step's), best before the measured steps; --trace FILE also
 writes them as a Chrome trace (host and device on one timeline: where the device waited); on a GPU the profile also
 holds the device's idle time in those steps and how much of it the host left (trace_gaps.py). Each step's host time
-inside train_step is recorded too: near the step's time, the host is the limit. --per-weight-casts: the model with
+inside train_step is recorded too: near the step's time, the host is the limit. --bare-steps N: after the run, the
+bare step (forward, backward, fused AdamW) on the run's last N batches, so that the loop's own cost shows apart from
+what its batches (packed, shorter) change in the step itself. --per-weight-casts: the model with
 autocast casting each weight (build_model's fused_weight_cast=False) instead of one cast a layer, which saves device
 time and may cost host time (README, *GPU*: gpu_step.py's bert-large-narrow), in a loop the host limits. Used by
 gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
     python benchmarks/gpu_pretrain.py --last 200 --profile 40:3 -- --config bert_large --data D --run-dir R
+    python benchmarks/gpu_pretrain.py --last 200 --bare-steps 24 -- --config bert_large --data D --run-dir R
     python benchmarks/gpu_pretrain.py --last 100 --per-weight-casts -- --config bert_large --data D --run-dir R
 """
 
@@ -180,6 +183,64 @@ def per_weight_casts() -> list:
     return layers
 
 
+def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.device, rounds: int = 3) -> dict:
+    """Part 1's bare step (zero_grad, forward, backward, FusedAdamW: nothing else) of a fresh model of the run's
+    config on `count` of the run's own batches, micro-batches `first`.. of epoch 0, all made and on the device before
+    the timing: the same packing, lengths and masks as the loop's steps, so the loop against it is the cost of the
+    loop alone (its data, clipping, bookkeeping), where part 1's unpadded batches also differ in what they compute."""
+    import gc
+
+    from bertrain.batch_buffer import to_device
+    from bertrain.config import load_config, micro_batch_size_for
+    from bertrain.data.format import open_prepared
+    from bertrain.model import build_model
+    from bertrain.train.adamw import FusedAdamW
+    from bertrain.train.precision import choose_mixed_precision
+    from bertrain.train.stream import TrainStream
+
+    config = load_config(str(run_dir / "config.yaml"))
+    stream = TrainStream(open_prepared(config.data.path), config.data, seed=config.train.seed,
+                         micro_batch_size=micro_batch_size_for(config, 1), rank=0, world_size=1, epoch=0,
+                         micro_batch=first, device_type=device.type)
+    batches = [to_device(stream.next(), device, non_blocking=device.type == "cuda") for _ in range(count)]
+    stream.close()
+    gc.collect()  # the run's model and optimizer: their device memory back before this model takes its own
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    with device:  # its weights made on the device: bert_large's initialization took 4 s on a CPU
+        model = build_model(config.model).train()
+    optimizer = FusedAdamW(model.parameters(), lr=1e-5)
+    precision = choose_mixed_precision(config.train.mixed_precision, device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def step(batch: dict) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+
+    for batch in batches[:3]:  # the first steps allocate and pick kernels
+        step(batch)
+    seconds = []
+    for _ in range(rounds):
+        synchronize(device)
+        started = time.perf_counter()
+        for batch in batches:
+            step(batch)
+        synchronize(device)
+        seconds.append((time.perf_counter() - started) / count)
+    layouts = [batch["layout"] for batch in batches]
+    flops = sum(useful_flops(config.model, x.batch_size, x.predicted, x.width) * x.real_tokens
+                / (x.batch_size * x.width) for x in layouts)  # as summarize counts the run's: real tokens only
+    step_s = statistics.median(seconds)
+    tokens = sum(x.real_tokens for x in layouts)
+    return dict(steps=count, first_micro_batch=first, rounds=rounds, step_ms=1e3 * step_s, real_tokens=tokens,
+                tokens_per_s=tokens / count / step_s,
+                useful_flops_per_s=flops / count / step_s, precision=precision)
+
+
 def windows(run_dir: Path, last: int) -> tuple[int, float, float, float]:
     """(steps, seconds, tokens, samples) of metrics.jsonl's train windows within the last `last` steps
     (all but the first window when the run is shorter)."""
@@ -262,6 +323,8 @@ def main() -> None:
                              "direction instead of one a layer: 14-31%% less time a step on a 2-core CPU at width 64).")
     parser.add_argument("--per-weight-casts", action="store_true",
                         help="The model with autocast casting each weight instead of one cast a layer.")
+    parser.add_argument("--bare-steps", type=int, default=0, metavar="N",
+                        help="After the run: the bare step on the run's last N batches (the loop's own cost).")
     args, pretrain_args = parser.parse_known_args()
     pretrain_args = [a for a in pretrain_args if a != "--"]
     run_dir = Path(pretrain_args[pretrain_args.index("--run-dir") + 1])
@@ -292,6 +355,10 @@ def main() -> None:
     finished = result["exit_code"] == 0 or (probe.stopped and result["exit_code"] == EXIT_REQUEUE)
     if finished:
         result.update(summarize(probe, run_dir, args.last, device))
+    if finished and args.bare_steps and "measured_steps" in result:  # the suite's runs: one micro-batch a step
+        first = max(result["steps_run"] - args.bare_steps, 0)
+        same = result["bare_same_batches"] = bare_on_run_batches(run_dir, first, args.bare_steps, device)
+        same["run_tokens"] = sum(s["tokens"] for s in probe.steps[first:])  # = its real_tokens: the same batches
     from torch._dynamo.utils import counters
 
     if counters["stats"].get("unique_graphs"):  # train.compile ran: the graphs (recompiles, graph breaks)

@@ -110,10 +110,19 @@ def vs_bare(r: dict | None, bare: dict | None) -> float | None:
     return useful_flops_per_s(r) / bare_flops_at(bare, r["computed_padding_share"])
 
 
+def vs_bare_same_batches(r: dict | None) -> float | None:
+    """A pretrain run's useful FLOP/s / the bare step's on the run's own last batches (gpu_pretrain.py
+    --bare-steps): what the loop itself costs, its batches' packing and lengths the same on both sides."""
+    same = (r or {}).get("bare_same_batches")
+    if not same or "useful_mfu" not in r or same.get("run_tokens", same["real_tokens"]) != same["real_tokens"]:
+        return None  # not measured, or not the run's batches (their real tokens differ from its last steps')
+    return useful_flops_per_s(r) / same["useful_flops_per_s"]
+
+
 def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
     if r is None or "useful_mfu" not in r:
         status = "no figure: see the log" if r is None else f"exit {r.get('exit_code')}, figures incomplete (log)"
-        return [run["label"], run["seq"], run["batch"], status] + [""] * 12
+        return [run["label"], run["seq"], run["batch"], status] + [""] * 13
     memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))
     computed = r.get("computed_padding_share")
     bare_at = bare and computed is not None and bare_flops_at(bare, computed)
@@ -122,7 +131,7 @@ def pretrain_row(run: dict, r: dict | None, bare: dict | None) -> list:
             fmt(r["samples_per_s"], ".1f"), fmt(100 * r["useful_mfu"], ".1f", "%"),
             fmt(useful_flops_per_s(r) / 1e12, ".1f"),
             f"{fmt(100 * r['padding_share'], '.1f', '%')} / {fmt(computed and 100 * computed, '.1f', '%')}",
-            fmt(bare_at and bare_at / 1e12, ".1f"), fmt(vs_bare(r, bare), ".2f"),
+            fmt(bare_at and bare_at / 1e12, ".1f"), fmt(vs_bare(r, bare), ".2f"), fmt(vs_bare_same_batches(r), ".2f"),
             data_wait(r), r.get("loader_workers", ""), fmt(host_share(r), ".2f"), fmt(memory, ".1f", " GiB"),
             fmt(r["wall_s"], ".0f")]
 
@@ -150,16 +159,33 @@ def part2(state, commands, results) -> list[str]:
            "its useful FLOP/s would shrink by that share. 1.00 = the loop, its data and its packing cost nothing "
            "over the bare step; the target is >= 0.90. FLOP/s rather than MFU: the run's MFU divides by a GEMM "
            "timed after the run, part 1's by one timed between its steps (an idle GPU's clocks run higher: 11-13% "
-           "on the H200). padding: share of the batches' positions / share of the positions the encoder computed. "
+           "on the H200). **vs bare, its batches**: the run's useful FLOP/s / the bare step's (part 1's step: "
+           "forward, backward, fused AdamW, nothing else) on the run's own last batches after the run, in the same "
+           "process (`gpu_pretrain.py --bare-steps`): the same packing, lengths and masks on both sides, so it is "
+           "the cost of the loop alone (data, clipping, bookkeeping); vs bare also counts what shorter, packed "
+           "batches change in the step itself (fixed costs such as the optimizer's over fewer tokens, the "
+           "variable-length attention kernel). padding: share of the batches' positions / share of the positions "
+           "the encoder computed. "
            "data wait: host time in TrainStream.next / wall time (an upper bound: the host runs ahead of the "
            "device). loader workers: data.num_workers as the run resolved it (auto: 0, batches made in the training "
            "process). host in step: the "
            "host's median time in train_step (forward and backward queued) / the step's time; near 1.00 the host is "
            "the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).", ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
-                  "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "data wait",
+                  "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "vs bare, its batches",
+                  "data wait",
                   "loader workers", "host in step", "peak memory", "wall s"],
                  [pretrain_row(run, by_label.get(run["label"]), bare.get(tuple(run["bare"]))) for run in runs])
+    for run in runs:  # where the loop's shortfall lies: in the loop, or in its batches' step
+        r, bare_full = by_label.get(run["label"]), bare.get(tuple(run["bare"]))
+        same, ratio = (r or {}).get("bare_same_batches"), vs_bare_same_batches(r)
+        if ratio is None or not bare_full:
+            continue
+        full = bare_full["flops"] / bare_full["ours"]
+        out += ["", f"{run['label']}: the bare step on the run's last {same['steps']} batches ran "
+                f"{same['useful_flops_per_s'] / 1e12:.1f} useful TFLOP/s ({same['step_ms']:.1f} ms a step), "
+                f"{same['useful_flops_per_s'] / full:.2f}x part 1's {full / 1e12:.1f} on unpadded batches; the loop "
+                f"ran {ratio:.2f}x the former."]
     padded, unpadded = by_label.get("bert_base-512-unpad-false"), by_label.get("bert_base-512-unpad-true")
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
         out += ["", f"model.unpad true vs false at the longer length: "
@@ -172,6 +198,13 @@ def part2(state, commands, results) -> list[str]:
                 f"weight (`gpu_pretrain.py --per-weight-casts`): vs bare {one_cast:.2f} against "
                 f"{per_weight_cast:.2f}, host in step {fmt(host_share(default), '.2f')} against "
                 f"{fmt(host_share(per_weight), '.2f')}."]
+    with_workers = by_label.get("bert_large-128-with-workers")
+    if vs_bare(default, large) and vs_bare(with_workers, large):
+        out += ["", f"bert_large's loop with {with_workers.get('loader_workers')} loader workers (the training "
+                "thread pins their batches; `data.num_workers: auto` starts none) against none: vs bare "
+                f"{vs_bare(with_workers, large):.2f} against {vs_bare(default, large):.2f}, host in step "
+                f"{fmt(host_share(with_workers), '.2f')} against {fmt(host_share(default), '.2f')}, data wait "
+                f"{data_wait(with_workers)} against {data_wait(default)}."]
     transfer = next((c for c in commands if c.label == "loader-transfer" and c.status == "ok"), None)
     if transfer:
         out += ["", "**Taking a batch** (`benchmarks/loader_transfer.py`, the synthetic data above): the training "
@@ -447,6 +480,10 @@ def targets(state, commands, results) -> list[str]:
         judge(f"pretrain {run['label']}: within 10% of the bare step (vs bare >= 0.9, part 2)", ratio,
               f"{fmt(ratio, '.2f')} (data wait {data_wait(r)})",
               lambda v: v >= 0.9)
+        if r and r.get("bare_same_batches"):  # the loop's own cost, apart from what its batches change in the step
+            same = vs_bare_same_batches(r)
+            judge(f"pretrain {run['label']}: within 10% of the bare step on the run's own batches (vs bare, its "
+                  f"batches >= 0.9, part 2)", same, fmt(same, ".2f"), lambda v: v >= 0.9)
     for run in state["runs"]:  # the compiled loop: only where it ran
         if "compile" not in run["label"] or run["label"] not in runs:
             continue

@@ -2,7 +2,8 @@
 batch sent tensor by tensor (each tensor a shared-memory storage of its own: the loader before batch_buffer.py)
 and as one buffer (PackedBatch: one storage). Between two batches the training process sleeps for --step-ms, as
 while the device runs a step, so the workers are ahead and each figure is the cost of taking a ready batch.
-On CUDA the batches are page-locked (DataLoader's pin thread with workers), the table adds the host's time to queue
+On CUDA the batches are page-locked (one buffer: by the thread that takes it, in the time taken; tensor by tensor:
+by DataLoader's pin thread, as the loader before did), the table adds the host's time to queue
 the copy to the device (to_device), and a fourth row pins and copies an in-process batch tensor by tensor, as
 before. Not part of the test suite.
 

@@ -26,7 +26,7 @@ class Slot:
 
 class PackedBatch:
     """A batch (dicts, dataclasses, lists of tensors and host values) as one uint8 buffer plus its skeleton: the
-    same structure with a Slot where each tensor was. DataLoader pins it through pin_memory()."""
+    same structure with a Slot where each tensor was. The thread that takes a worker's batch pins it (pin_memory())."""
 
     def __init__(self, buffer: torch.Tensor, skeleton: Any):
         self.buffer, self.skeleton = buffer, skeleton

@@ -58,21 +58,29 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "2", "7",
-                                                                          "2", "4"]
-    assert [c.label for c in commands[-6:]] == ["gpu_step-compile", "bert_large-128-compile",
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "2", "2",
+                                                                          "7", "2", "4"]
+    assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile", gpu_suite.WITH_WORKERS,
                                                 gpu_suite.PER_WEIGHT_CASTS, "profile-compile", "loader-transfer",
                                                 "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
-    before_compile = sum(c.expect for c in commands[:-6]) + 10  # + the version probe
-    assert all(c.optional for c in commands[-6:]) and not any(c.optional for c in commands[:-6])
-    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-6].min_start)
+    before_compile = sum(c.expect for c in commands[:-7]) + 10  # + the version probe
+    assert all(c.optional for c in commands[-7:]) and not any(c.optional for c in commands[:-7])
+    assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-7].min_start)
     # the loop A/B: bert_large-128's run with autocast's per-weight casts, the same batches and length of figures
     default, per_weight = (next(c for c in commands if c.label == label)
                            for label in ("bert_large-128", gpu_suite.PER_WEIGHT_CASTS))
     assert "--per-weight-casts" in per_weight.argv and "--per-weight-casts" not in default.argv
     but_steps = [[s for s in sets_of(c.argv) if not s.startswith("train.max_steps=")] for c in (default, per_weight)]
     assert but_steps[0] == but_steps[1] and "--profile" not in per_weight.argv
+    # and the loop with 4 loader workers: the same run but for them
+    with_workers = next(c for c in commands if c.label == gpu_suite.WITH_WORKERS)
+    with warnings.catch_warnings():  # the warmup longer than the run: the configs' check below expects it
+        warnings.simplefilter("ignore")
+        loaded = [load_config("bert_large", sets_of(c.argv)) for c in (default, with_workers)]
+    assert [c.data.num_workers for c in loaded] == ["auto", 4] and loaded[0].model == loaded[1].model
+    assert [s for s in sets_of(with_workers.argv) if not s.startswith("train.max_steps=")] == but_steps[0] + [
+        "data.num_workers=4"]
     # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
     compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
     profile_compiled = next(c for c in commands if c.label == "profile-compile")
@@ -115,13 +123,14 @@ def test_only_an_optional_command_may_run_out_of_time(tmp_path):
     commands[-2].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 30 s needed"  # taking a batch from workers
     commands[-3].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 25 s needed"  # the compiled step's profile
     commands[-4].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 45 s needed"  # the per-weight-casts loop
-    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 100 s needed"  # the compiled loop
+    commands[-5].status = f"{gpu_suite.TIME_BUDGET}: 20 s left, 45 s needed"  # the loop with loader workers
+    commands[-6].status = f"{gpu_suite.TIME_BUDGET}: 40 s left, 100 s needed"  # the compiled loop
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-6].status = "timed out after 170 s"  # the compiled bare step: optional too
+    commands[-7].status = "timed out after 170 s"  # the compiled bare step: optional too
     assert not gpu_suite.suite_failed({}, commands)
-    commands[-7].status = "timed out after 45 s"  # part 7's eager profile is not optional
+    commands[-8].status = "timed out after 45 s"  # part 7's eager profile is not optional
     assert gpu_suite.suite_failed({}, commands)
-    commands[-7].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
+    commands[-8].status, commands[-1].status = "ok", "failed (exit 1)"  # optional, but it ran and failed
     assert gpu_suite.suite_failed({}, commands)
 
 
@@ -182,6 +191,13 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                      loader_workers=0) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
+    # the loop with loader workers: the host 48 ms of its 60 ms step, 0.2% of its time waiting for data
+    next(r for r in pretrain if r["label"] == gpu_suite.WITH_WORKERS).update(
+        loader_workers=4, host_train_step_ms_median=48.0, data_wait_share=0.002)
+    # bert_large-128's loop against the bare step on its own last batches: 290.4 T against 300 T
+    pretrain[1]["bare_same_batches"] = dict(steps=24, first_micro_batch=276, rounds=3, step_ms=58.0,
+                                            real_tokens=300_000, run_tokens=300_000, tokens_per_s=5.2e5,
+                                            useful_flops_per_s=3e14, precision="bf16")
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
     pretrain[1]["profile"] = dict(steps=[41, 43], tokens=12_800.0, total_ms=56.0, in_measured_steps=False,
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
@@ -248,10 +264,17 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # vs bare, in FLOP/s: 0.4 x 7.26e14 = 290.4 T against part 1's 1.5e13 / 0.05 s = 300 T x (1 - 0.05 padding
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
-    assert [row[12] for row in table_rows(report, "## 2.")] == ["0"] * 5  # the runs' loader workers
+    # against the bare step on its own batches: 290.4 T / 300 T; only bert_large-128 measures it
+    assert [row[11] for row in table_rows(report, "## 2.")] == ["n/a", "0.97"] + ["n/a"] * 4
+    assert "bert_large-128: the bare step on the run's last 24 batches ran 300.0 useful TFLOP/s (58.0 ms a step), " \
+           "1.00x part 1's 300.0 on unpadded batches; the loop ran 0.97x the former." in report
+    assert [row[13] for row in table_rows(report, "## 2.")] == ["0"] * 4 + ["4", "0"]  # the runs' loader workers
+    assert "bert_large's loop with 4 loader workers (the training thread pins their batches; `data.num_workers: " \
+           "auto` starts none) against none: vs bare 1.02 against 1.02, host in step 0.80 against 0.90, data wait " \
+           "0.2% against 1.0%." in report
     assert "default) against autocast casting each weight (`gpu_pretrain.py --per-weight-casts`): vs bare 1.02 " \
            "against 1.02, host in step 0.90 against 0.90." in report
-    assert {row[13] for row in table_rows(report, "## 2.")} == {"0.90"}  # the host 54 ms of a 60 ms step
+    assert [row[14] for row in table_rows(report, "## 2.")] == ["0.90"] * 4 + ["0.80", "0.90"]  # host 54 ms of 60
     # the compiled loop (290.4 T) against the compiled bare step: 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T:
     # 0.82; the eager loop's row has no such figure
     loops = table_rows(report, "## 5.")[:2]
@@ -261,8 +284,10 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
     assert [row[6:] for row in table_rows(report, "## 5.")[2:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
-    assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 1 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed
+    assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 1 + 1 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed
     judged = {row[0]: row[1:] for row in table_rows(report, "## 8.")}
+    assert judged["pretrain bert_large-128: within 10% of the bare step on the run's own batches (vs bare, its "
+                  "batches >= 0.9, part 2)"] == ["0.97", "met"]
     assert judged["pretrain bert_large-128-compile (train.compile, part 5): within 10% of the compiled bare step"] \
         == ["0.82", "**NOT met**"]
     assert [row[0] for row in table_rows(report, "## 8.")[2:4]] == [
@@ -352,7 +377,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # LAMB's Triton kernel runs in Triton's interpreter here; without Triton (.ci/run installs it) it has no figure
     assert report.count("not measured") == (0 if HAS_TRITON else 2)  # its target row: measured, met
     results = json.loads((out / "results.json").read_text())
-    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 18
+    assert [c["status"] for c in results["commands"]] == [gpu_suite.QUICK_INSTALL] + ["ok"] * 19
     figures = results["results"]
     assert len(figures["1"]) == 4 and all(r["ours"] > 0 and r["hf"] > 0 and r["peak"] > 0 < r["per_weight_casts"]
                                           for r in figures["1"])
@@ -366,8 +391,13 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
     # runs did all their steps; the packed encoder computed no padding, the padded one all of it
     assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
-        [(False, 15, 10)] * 3 + [(True, 13, 8), (False, 15, 10)]
-    assert [r["per_weight_casts"] for r in figures["2"]] == [False] * 4 + [True]  # the last: the loop A/B
+        [(False, 15, 10)] * 3 + [(True, 13, 8)] + [(False, 15, 10)] * 2
+    assert [r["per_weight_casts"] for r in figures["2"]] == [False] * 5 + [True]  # the loop A/Bs
+    # bert_large-128's bare step on its own last 4 batches: the batches of its steps 12-15, as their tokens show
+    same = figures["2"][1]["bare_same_batches"]
+    assert (same["steps"], same["first_micro_batch"]) == (4, 11) and same["real_tokens"] == same["run_tokens"] > 0
+    assert [r.get("bare_same_batches") is not None for r in figures["2"]] == [False, True] + [False] * 4
+    assert re.fullmatch(r"\d\.\d\d", table_rows(report, "## 2.")[1][11])
     padded, packed = figures["2"][2], figures["2"][3]
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
     assert "last 8 of 13 (time limit)" in report
@@ -377,7 +407,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert [line[7:35].strip() for line in taking] == list(loader_transfer.VARIANTS), taking
     assert all(float(line.split()[-4]) > 0 and line.endswith("x") for line in taking), taking
     assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile"]
-    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 6  # auto: none
+    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 4 + [1, 0, 0]  # auto: none
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
     # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each
     assert all(r["graph_breaks"] >= 1 for r in figures["5"])
@@ -393,13 +423,13 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert all(r["device_ms"] > 0 and r["device_ratio"] > 0 and r["host_ahead"] for r in kernels)
     assert "**PASS**" in report
     assert "default) against autocast casting each weight (`gpu_pretrain.py --per-weight-casts`): vs bare " in report
-    for heading, count in (("## 1.", 4), ("## 2.", 5), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
+    for heading, count in (("## 1.", 4), ("## 2.", 6), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
                            ("## 5.", 2 + 1)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
     assert {row[-1] for row in table_rows(report, "## 8.")} <= {"met", "**NOT met**", "not measured"}
-    # 18 targets, the compiled loop's among them
-    assert len(table_rows(report, "## 8.")) == 18
+    # 19 targets, the compiled loop's among them
+    assert len(table_rows(report, "## 8.")) == 19
     assert any(row[0].startswith("pretrain bert_large-128-compile (") for row in table_rows(report, "## 8."))
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
     assert abs(sum(profile["groups_ms"].values()) - profile["total_ms"]) < 1e-6 * profile["total_ms"]

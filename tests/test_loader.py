@@ -265,3 +265,25 @@ def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes
     (folder / PREPARE_WORK).mkdir()
     with pytest.raises(DataError, match="did not finish.*Run the same prepare command again"):
         open_prepared(folder)
+
+
+def test_a_workers_batch_is_pinned_by_the_thread_that_takes_it(prepared, monkeypatch):
+    """With loader workers and a GPU, the training thread pins each batch itself (DataLoader's pin thread ran beside
+    the thread that launches the kernels and cost the H200's loop host time); the batches are the in-process ones."""
+    import threading
+
+    from bertrain.batch_buffer import PackedBatch
+    from bertrain.data.loader import RunDataset, iterate_micro_batches
+
+    pinned_by = []
+
+    def pin_memory(self):  # a CPU cannot page-lock: record who pins, and hand back a copy as pin_memory() would
+        pinned_by.append(threading.get_ident())
+        return PackedBatch(self.buffer.clone(), self.skeleton)
+
+    monkeypatch.setattr(PackedBatch, "pin_memory", pin_memory)
+    dataset = RunDataset(prepared, config(), seed=3, micro_batch_size=8, rank=0, world_size=1)
+    keys = [(0, m) for m in range(5)]
+    taken = list(iterate_micro_batches(dataset, keys, num_workers=2, pin_memory=True))
+    assert pinned_by == [threading.get_ident()] * 5
+    assert_same_batches(taken, [dataset[key] for key in keys])

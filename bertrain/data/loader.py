@@ -190,7 +190,9 @@ class MicroBatchLoader:
 
 def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory: bool) -> Iterator[dict[str, Any]]:
     """dataset[key] for each key, in-process or from `num_workers` workers (prefetching 4), pinned if asked. A
-    worker's batch, or a pinned one, comes as views of one buffer (PackedBatch): one storage to send, pin and copy."""
+    worker's batch, or a pinned one, comes as views of one buffer (PackedBatch): one storage to send, pin and copy.
+    The calling thread pins a worker's batch itself: DataLoader's pin thread ran beside the one that launches the
+    kernels, and with it the H200's bert_large loop took 74 instead of 64 ms of host time a step in train_step."""
     if num_workers <= 0:
         for key in keys:
             batch = dataset[key]
@@ -200,10 +202,10 @@ def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory:
 
     # batch_size=None: each item already is a micro-batch; the sampler is just the keys.
     loader = DataLoader(PackedItems(dataset), batch_size=None, sampler=keys, num_workers=num_workers,
-                        persistent_workers=True, pin_memory=pin_memory, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
+                        persistent_workers=True, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
     try:
         for packed in loader:
-            yield packed.unpack()
+            yield (packed.pin_memory() if pin_memory else packed).unpack()
     except RuntimeError as error:  # torch's words for a worker killed (a bus error: /dev/shm full) or gone
         if "DataLoader worker (pid" not in str(error):
             raise
