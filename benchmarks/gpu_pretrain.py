@@ -209,7 +209,7 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
         torch.cuda.empty_cache()
     torch.manual_seed(0)
     with device:  # its weights made on the device: bert_large's initialization took 4 s on a CPU
-        model = build_model(config.model).train()
+        model = build_model(config.model).to(device).train()  # .to: any tensor a module made on the CPU itself
     optimizer = FusedAdamW(model.parameters(), lr=1e-5)
     precision = choose_mixed_precision(config.train.mixed_precision, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
