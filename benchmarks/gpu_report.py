@@ -173,8 +173,7 @@ def part2(state, commands, results) -> list[str]:
            "the limit, not the GPU. peak memory: torch.cuda.max_memory_allocated (on a CPU: peak RSS).", ""]
     out += table(["run", "seq", "batch", "steps", "real tokens/s", "seq/s", "useful MFU", "useful TFLOP/s",
                   "padding: batches / computed", "bare TFLOP/s at that padding", "vs bare", "vs bare, its batches",
-                  "data wait",
-                  "loader workers", "host in step", "peak memory", "wall s"],
+                  "data wait", "loader workers", "host in step", "peak memory", "wall s"],
                  [pretrain_row(run, by_label.get(run["label"]), bare.get(tuple(run["bare"]))) for run in runs])
     for run in runs:  # where the loop's shortfall lies: in the loop, or in its batches' step
         r, bare_full = by_label.get(run["label"]), bare.get(tuple(run["bare"]))

@@ -95,9 +95,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
     at_512 = dict(common, config="bert_base", seq=512, batch=32, bare=("bert-base", 512), steps=200, log_every=10,
                   last=150, grace=12, sets=common["sets"] + ["data.max_predictions_per_seq=80"])
     # caps: the expected time with some margin; a slower run (run 1 on an H100 took 0.3-0.6 s a step where
-    # the encoder ran packed) stops itself at its time limit, its figures over the steps it did. No A/B with loader
-    # workers: 4 ran both bert_large loops slower than none on the H200 (2026-11-26 evening; 2026-11-27 15:23: eager
-    # 0.83 against 0.86 of the bare step, compiled 0.73 against 0.85), so auto is 0; --set data.num_workers=4 runs one
+    # the encoder ran packed) stops itself at its time limit, its figures over the steps it did
     return [dict(base, label="bert_base-128", cap=60, floor=40, expect=42),
             # profiled (3 steps before the measured ones) against part 7's bare step: where its 10% go; then the
             # bare step on its last 24 batches (~6 s on the H200: what the loop itself costs, apart from its batches)
@@ -133,10 +131,10 @@ def step_shapes(quick: bool) -> list[tuple[str, int]]:
     return [(shape, seq) for shape in shapes for seq in seqs]
 
 
-# optional, when time is left, after part 5's runs, in this order: bert_large's loop with loader workers, with
-# per-weight casts, the
-# compiled bare step's profile, the time the training process takes for a batch from workers (loader_transfer.py),
-# and LAMB's kernel configurations (two H200 runs agreed on the default; part 4's first command judges the LAMB target)
+# optional, when time is left, after part 5's runs, in this order: bert_large's loop with loader workers, and with
+# per-weight casts, the compiled bare step's profile, the time the training process takes for a batch from workers
+# (loader_transfer.py), and LAMB's kernel configurations (two H200 runs agreed on the default; part 4's first command
+# judges the LAMB target)
 EXTRA_RUNS = (WITH_WORKERS, PER_WEIGHT_CASTS, "profile-compile", "loader-transfer", "lamb-kernels")
 # part 5's compiled bare step: the shape whose targets the eager step missed, then the issue's bert-base step
 STEP_COMPILE_SHAPES = [("bert-large", 128), ("bert-base", 128)]
