@@ -221,20 +221,15 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
         loss.backward()
         optimizer.step()
 
-    for batch in batches[:3]:  # the first steps allocate and pick kernels
-        step(batch)
-    seconds = []
-    for _ in range(rounds):
-        synchronize(device)
-        started = time.perf_counter()
+    def through_batches() -> None:
         for batch in batches:
             step(batch)
-        synchronize(device)
-        seconds.append((time.perf_counter() - started) / count)
+
+    # a pass to warm up (kernels picked, allocator filled), then the median of the rounds' passes
+    step_s = time_alternating({"bare": through_batches}, rounds, 1, device)["bare"] / count
     layouts = [batch["layout"] for batch in batches]
     flops = sum(useful_flops(config.model, x.batch_size, x.predicted, x.width) * x.real_tokens
                 / (x.batch_size * x.width) for x in layouts)  # as summarize counts the run's: real tokens only
-    step_s = statistics.median(seconds)
     tokens = sum(x.real_tokens for x in layouts)
     return dict(steps=count, first_micro_batch=first, rounds=rounds, step_ms=1e3 * step_s, real_tokens=tokens,
                 tokens_per_s=tokens / count / step_s,

@@ -98,7 +98,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
     # the encoder ran packed) stops itself at its time limit, its figures over the steps it did
     return [dict(base, label="bert_base-128", cap=60, floor=40, expect=42),
             # profiled (3 steps before the measured ones) against part 7's bare step: where its 10% go; then the
-            # bare step on its last 24 batches (~6 s on the H200: what the loop itself costs, apart from its batches)
+            # bare step on its last 24 batches (~7 s on the H200: what the loop itself costs, apart from its batches)
             dict(common, label="bert_large-128", config="bert_large", seq=128, batch=128, bare=("bert-large", 128),
                  cap=95, floor=50, expect=66, grace=35, profile="40:3", bench_args=["--bare-steps", "24"]),
             dict(at_512, label="bert_base-512-unpad-false", sets=at_512["sets"] + ["model.unpad=false"], cap=45,

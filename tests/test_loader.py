@@ -5,16 +5,19 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import threading
 
 import numpy as np
 import pytest
 import torch
 
+from bertrain.batch_buffer import PackedBatch
 from bertrain.batch_layout import IGNORE_INDEX, map_tensors
 from bertrain.config import DataConfig, load_config
 from bertrain.data import loader as loader_module
 from bertrain.data.format import open_prepared
-from bertrain.data.loader import build_train_loader, build_validation_loader, num_micro_batches
+from bertrain.data.loader import (RunDataset, build_train_loader, build_validation_loader, iterate_micro_batches,
+                                  num_micro_batches)
 from bertrain.errors import UsageError
 from bertrain.train.stream import TrainStream
 from tests.helpers import make_prepared_dir
@@ -270,11 +273,6 @@ def test_unprepared_data_gets_the_command_that_prepares_it_never_one_that_writes
 def test_a_workers_batch_is_pinned_by_the_thread_that_takes_it(prepared, monkeypatch):
     """With loader workers and a GPU, the training thread pins each batch itself (DataLoader's pin thread ran beside
     the thread that launches the kernels and cost the H200's loop host time); the batches are the in-process ones."""
-    import threading
-
-    from bertrain.batch_buffer import PackedBatch
-    from bertrain.data.loader import RunDataset, iterate_micro_batches
-
     pinned_by = []
 
     def pin_memory(self):  # a CPU cannot page-lock: record who pins, and hand back a copy as pin_memory() would
