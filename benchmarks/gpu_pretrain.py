@@ -7,20 +7,20 @@ the first window, holding the start-up, never counts). With --time-limit the run
 the loop finishes the step, logs, saves, exits 75) once that many seconds have passed since this process
 started and at least --min-steps steps ran, and the figures cover what it did. --profile START:COUNT runs
 torch.profiler over COUNT whole loop steps after START (data, forward, backward, clipping, optimizer: the ops' self
-device time, grouped as gpu_profile.py groups the bare step's), best before the measured steps; --trace FILE also
+device time, grouped as gpu_profile.py groups the bare step's), and the figures cover the steps up to START only: a
+loop profiled earlier stays slower after the profiler stops (H200, bert_large compiled: 61.7 against 55.4 ms a step,
+benchmarks/results/gpu_compile_loop_2026-11-28_h200.log), so profile after the measured steps; --trace FILE also
 writes them as a Chrome trace (host and device on one timeline: where the device waited); on a GPU the profile also
 holds the device's idle time in those steps and how much of it the host left (trace_gaps.py). Each step's host time
 inside train_step is recorded too: near the step's time, the host is the limit. --bare-steps N: after the run, the
-bare step (forward, backward, fused AdamW) on the run's last N batches, so that the loop's own cost shows apart from
-what its batches (packed, shorter) change in the step itself. --per-weight-casts: the model with
-autocast casting each weight (build_model's fused_weight_cast=False) instead of one cast a layer, which saves device
-time and may cost host time (README, *GPU*: gpu_step.py's bert-large-narrow), in a loop the host limits. Used by
-gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
+bare step (forward, backward, fused AdamW; its layers compiled where train.compile is true) on the last N measured
+steps' batches, so that the loop's own cost shows apart from what its batches (packed, shorter) change in the step
+itself. Used by gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
-    python benchmarks/gpu_pretrain.py --last 200 --profile 40:3 -- --config bert_large --data D --run-dir R
+    python benchmarks/gpu_pretrain.py --last 200 --profile 300:3 -- --config bert_large --data D --run-dir R \
+        --set train.max_steps=325
     python benchmarks/gpu_pretrain.py --last 200 --bare-steps 24 -- --config bert_large --data D --run-dir R
-    python benchmarks/gpu_pretrain.py --last 100 --per-weight-casts -- --config bert_large --data D --run-dir R
 """
 
 from __future__ import annotations
@@ -119,8 +119,12 @@ class Probe:
             if self.trace:
                 export_trace(self.profiler, self.trace)
 
-    def profiled(self, measured_steps: int) -> dict | None:
-        """The profiled steps' ops (ms per step), grouped; whether they fall in the measured steps."""
+    def measured_end(self) -> int:
+        """The steps the figures may cover: those before the profiler started (the run's, where it never did)."""
+        return self.profile[0] if self.profiler is not None else len(self.steps)
+
+    def profiled(self) -> dict | None:
+        """The profiled steps' ops (ms per step), grouped."""
         if self.profiler is None or len(self.steps) < sum(self.profile):
             return None  # the run ended before the profiler stopped
         start, count = self.profile
@@ -129,7 +133,6 @@ class Probe:
         return dict(steps=[start + 1, start + count], total_ms=sum(ops.values()), groups_ms=grouped(ops),
                     ops_ms=ops,
                     tokens=statistics.mean(s["tokens"] for s in self.steps[start:start + count]),
-                    in_measured_steps=start + count > len(self.steps) - measured_steps,
                     gaps=profiler_gaps(self.profiler, count, self.trace) if self.device.type == "cuda" else None)
 
     def stop_if_due(self) -> None:
@@ -165,35 +168,18 @@ def compile_encoder_whole() -> None:
     setup.compile_layers = compile_encoder
 
 
-def per_weight_casts() -> list:
-    """The run's model built with autocast casting each weight (EncoderLayer.fused_weight_cast off); returns the
-    list that will hold the model's encoder layers, to check that it ran so."""
-    from bertrain.model import build_model
-    from bertrain.model.layers import EncoderLayer
-    from bertrain.train import loop
-
-    layers: list = []
-
-    def build(model_config, **options):
-        model = build_model(model_config, **options, fused_weight_cast=False)
-        layers.extend(m for m in model.modules() if isinstance(m, EncoderLayer))
-        return model
-
-    loop.build_model = build
-    return layers
-
-
 def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.device, rounds: int = 3) -> dict:
     """Part 1's bare step (zero_grad, forward, backward, FusedAdamW: nothing else) of a fresh model of the run's
     config on `count` of the run's own batches, micro-batches `first`.. of epoch 0, all made and on the device before
     the timing: the same packing, lengths and masks as the loop's steps, so the loop against it is the cost of the
-    loop alone (its data, clipping, bookkeeping), where part 1's unpadded batches also differ in what they compute."""
+    loop alone (its data, clipping, bookkeeping), where part 1's unpadded batches also differ in what they compute.
+    Its layers are compiled as the loop's were where the run's train.compile is true."""
     import gc
 
     from bertrain.batch_buffer import to_device
     from bertrain.config import load_config, micro_batch_size_for
     from bertrain.data.format import open_prepared
-    from bertrain.model import build_model
+    from bertrain.model import build_model, compile_layers
     from bertrain.train.adamw import FusedAdamW
     from bertrain.train.precision import choose_mixed_precision
     from bertrain.train.stream import TrainStream
@@ -210,6 +196,8 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
     torch.manual_seed(0)
     with device:  # its weights made on the device: bert_large's initialization took 4 s on a CPU
         model = build_model(config.model).to(device).train()  # .to: any tensor a module made on the CPU itself
+    if config.train.compile is True:  # the compiled loop against the compiled bare step (part 5)
+        compile_layers(model)
     optimizer = FusedAdamW(model.parameters(), lr=1e-5)
     precision = choose_mixed_precision(config.train.mixed_precision, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -236,13 +224,13 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
                 useful_flops_per_s=flops / count / step_s, precision=precision)
 
 
-def windows(run_dir: Path, last: int) -> tuple[int, float, float, float]:
-    """(steps, seconds, tokens, samples) of metrics.jsonl's train windows within the last `last` steps
-    (all but the first window when the run is shorter)."""
+def windows(run_dir: Path, last: int, end: int) -> tuple[int, float, float, float, int]:
+    """(steps, seconds, tokens, samples, last step) of metrics.jsonl's train windows within the last `last` steps of
+    those up to step `end` (all but the first window when the run is shorter)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train = [r for r in records if r.get("kind") == "train"]
+    train = [r for r in records if r.get("kind") == "train" and r["step"] <= end]
     if not train:
-        return 0, 0.0, 0.0, 0.0
+        return 0, 0.0, 0.0, 0.0, 0
     end = train[-1]["step"]
     steps = seconds = tokens = samples = 0
     for before, record in zip(train, train[1:]):
@@ -252,7 +240,7 @@ def windows(run_dir: Path, last: int) -> tuple[int, float, float, float]:
             seconds += window_tokens / record["tokens_per_s"]
             tokens += window_tokens
             samples += record["samples_seen"] - before["samples_seen"]
-    return steps, seconds, tokens, samples
+    return steps, seconds, tokens, samples, end
 
 
 def gemm_peak(device: torch.device) -> float:
@@ -263,24 +251,26 @@ def gemm_peak(device: torch.device) -> float:
 
 
 def summarize(probe: Probe, run_dir: Path, last: int, device: torch.device) -> dict:
-    """The figures of the last `last` steps (see the module docstring)."""
+    """The figures of the last `last` steps before any profiled ones (see the module docstring)."""
     from bertrain.config import load_config
 
     out: dict = {"steps_run": len(probe.steps)}
-    starts = [s["start"] for s in probe.steps]
+    steps, seconds, tokens, samples, end = windows(run_dir, last, probe.measured_end())
+    kept = probe.steps[:end]
+    starts = [s["start"] for s in probe.steps[:end + 1]]  # step `end`'s host time ends where the next one starts
     host_steps = [b - a for a, b in zip(starts, starts[1:])]
     if host_steps:
         out["first_step_s"] = host_steps[0]
         out["host_step_ms_median"] = 1e3 * statistics.median(host_steps[-last:])
         # the host's time in train_step (forward and backward queued): near the step's time, the host is the limit
-        out["host_train_step_ms_median"] = 1e3 * statistics.median(s["train_step_s"] for s in probe.steps[-last:])
-    steps, seconds, tokens, samples = windows(run_dir, last)
+        out["host_train_step_ms_median"] = 1e3 * statistics.median(s["train_step_s"] for s in kept[-last:])
     if steps:
         out.update(measured_steps=steps, seconds=seconds, tokens_per_s=tokens / seconds,
                    samples_per_s=samples / seconds, step_ms=1e3 * seconds / steps)
-    if not steps or len(probe.steps) < steps:  # the probe missed the steps (a renamed function): no more figures
+    if not steps or len(kept) < steps:  # the probe missed the steps (a renamed function): no more figures
         return out
-    measured = probe.steps[-steps:]
+    out["measured_end"] = end
+    measured = kept[-steps:]
     model = load_config(str(run_dir / "config.yaml")).model
     flops = sum(useful_flops(model, s["samples"], s["predicted"], s["width"]) * s["tokens"]
                 / (s["samples"] * s["width"]) for s in measured)  # the real tokens' FLOPs: padding is no useful work
@@ -292,7 +282,7 @@ def summarize(probe: Probe, run_dir: Path, last: int, device: torch.device) -> d
                useful_mfu=flops / seconds / peak)
     if all(s["computed"] for s in measured):  # padding the encoder computed: none where it ran packed
         out["computed_padding_share"] = 1 - sum(s["tokens"] for s in measured) / sum(s["computed"] for s in measured)
-    profile = probe.profiled(steps)
+    profile = probe.profiled()
     if profile:
         out["profile"] = profile
     return out
@@ -307,7 +297,7 @@ def main() -> None:
     parser.add_argument("--results", default=None, help="Append the figures as a JSON line to this file.")
     parser.add_argument("--label", default="", help="Name of this run in the results.")
     parser.add_argument("--profile", default=None, metavar="START:COUNT",
-                        help="Profile COUNT loop steps after the first START (steps before the measured ones).")
+                        help="Profile COUNT loop steps after the first START (the figures cover steps 1-START).")
     parser.add_argument("--trace", default=None, metavar="FILE.json.gz",
                         help="With --profile: write the profiled steps' Chrome trace (host and device) here.")
     parser.add_argument("--compile-backend", default=None,
@@ -316,10 +306,9 @@ def main() -> None:
                         help="What train.compile compiles: each encoder layer (bertrain's way) or the encoder "
                              "whole, all its layers in one graph (one guard check and one AOTAutograd call a "
                              "direction instead of one a layer: 14-31%% less time a step on a 2-core CPU at width 64).")
-    parser.add_argument("--per-weight-casts", action="store_true",
-                        help="The model with autocast casting each weight instead of one cast a layer.")
     parser.add_argument("--bare-steps", type=int, default=0, metavar="N",
-                        help="After the run: the bare step on the run's last N batches (the loop's own cost).")
+                        help="After the run: the bare step on the last N measured steps' batches (the loop's own "
+                             "cost).")
     args, pretrain_args = parser.parse_known_args()
     pretrain_args = [a for a in pretrain_args if a != "--"]
     run_dir = Path(pretrain_args[pretrain_args.index("--run-dir") + 1])
@@ -330,7 +319,6 @@ def main() -> None:
 
     if args.compile_scope == "encoder":
         compile_encoder_whole()
-    per_weight_layers = per_weight_casts() if args.per_weight_casts else None
 
     profile = tuple(int(n) for n in args.profile.split(":")) if args.profile else None
     probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace)
@@ -339,8 +327,6 @@ def main() -> None:
     result["exit_code"] = cli(["pretrain", *pretrain_args])
     result["wall_s"] = time.perf_counter() - started
     result["time_limited"], result["loader_workers"] = probe.stopped, probe.loader_workers
-    # every encoder layer of the run's model with per-weight casts (False: the default's one cast a layer)
-    result["per_weight_casts"] = bool(per_weight_layers) and not any(l.fused_weight_cast for l in per_weight_layers)
     device = probe.device
     if device.type == "cuda":
         result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -350,10 +336,11 @@ def main() -> None:
     finished = result["exit_code"] == 0 or (probe.stopped and result["exit_code"] == EXIT_REQUEUE)
     if finished:
         result.update(summarize(probe, run_dir, args.last, device))
-    if finished and args.bare_steps and "measured_steps" in result:  # the suite's runs: one micro-batch a step
-        first = max(result["steps_run"] - args.bare_steps, 0)
-        same = result["bare_same_batches"] = bare_on_run_batches(run_dir, first, args.bare_steps, device)
-        same["run_tokens"] = sum(s["tokens"] for s in probe.steps[first:])  # = its real_tokens: the same batches
+    if finished and args.bare_steps and "measured_end" in result:  # the suite's runs: one micro-batch a step
+        end = result["measured_end"]
+        first = max(end - args.bare_steps, 0)
+        same = result["bare_same_batches"] = bare_on_run_batches(run_dir, first, end - first, device)
+        same["run_tokens"] = sum(s["tokens"] for s in probe.steps[first:end])  # = its real_tokens: the same batches
     from torch._dynamo.utils import counters
 
     if counters["stats"].get("unique_graphs"):  # train.compile ran: the graphs (recompiles, graph breaks)

@@ -189,21 +189,9 @@ def part2(state, commands, results) -> list[str]:
     if padded and unpadded and "samples_per_s" in padded and "samples_per_s" in unpadded:
         out += ["", f"model.unpad true vs false at the longer length: "
                 f"{unpadded['samples_per_s'] / padded['samples_per_s']:.2f}x sequences/s."]
-    default, per_weight = by_label.get("bert_large-128"), by_label.get("bert_large-128-per-weight-casts")
     large = bare.get(next((tuple(run["bare"]) for run in runs if run["label"] == "bert_large-128"), None))
-    one_cast, per_weight_cast = vs_bare(default, large), vs_bare(per_weight, large)
-    if one_cast and per_weight_cast:
-        out += ["", "bert_large's loop with one weight cast a layer (the default) against autocast casting each "
-                f"weight (`gpu_pretrain.py --per-weight-casts`): vs bare {one_cast:.2f} against "
-                f"{per_weight_cast:.2f}, host in step {fmt(host_share(default), '.2f')} against "
-                f"{fmt(host_share(per_weight), '.2f')}."]
-    with_workers = by_label.get("bert_large-128-with-workers")
-    if vs_bare(default, large) and vs_bare(with_workers, large):
-        out += ["", f"bert_large's loop with {with_workers.get('loader_workers')} loader workers (the training "
-                "thread pins their batches; `data.num_workers: auto` starts none) against none: vs bare "
-                f"{vs_bare(with_workers, large):.2f} against {vs_bare(default, large):.2f}, host in step "
-                f"{fmt(host_share(with_workers), '.2f')} against {fmt(host_share(default), '.2f')}, data wait "
-                f"{data_wait(with_workers)} against {data_wait(default)}."]
+    out += with_workers_sentence("bert_large's loop", by_label.get("bert_large-128"),
+                                 by_label.get("bert_large-128-with-workers"), large, "vs bare")
     transfer = next((c for c in commands if c.label == "loader-transfer" and c.status == "ok"), None)
     if transfer:
         out += ["", "**Taking a batch** (`benchmarks/loader_transfer.py`, the synthetic data above): the training "
@@ -273,6 +261,18 @@ def best_lamb_kernel(results) -> dict | None:
     return min(rows, key=lambda r: r["device_ratio"], default=None)
 
 
+def with_workers_sentence(whose: str, default: dict | None, with_workers: dict | None, bare: dict | None,
+                          measure: str) -> list[str]:
+    """A loop with loader workers against the same loop without (auto's choice), where both have figures."""
+    if not vs_bare(default, bare) or not vs_bare(with_workers, bare):
+        return []
+    return ["", f"{whose} with {with_workers.get('loader_workers')} loader workers (the training thread pins their "
+            f"batches) against {default.get('loader_workers')} (`data.num_workers: auto`): {measure} "
+            f"{vs_bare(with_workers, bare):.2f} against {vs_bare(default, bare):.2f}, host in step "
+            f"{fmt(host_share(with_workers), '.2f')} against {fmt(host_share(default), '.2f')}, data wait "
+            f"{data_wait(with_workers)} against {data_wait(default)}."]
+
+
 def part5(state, commands, results) -> list[str]:
     runs = [run for run in state["runs"] if "compile" in run["label"]]
     first = runs[0]
@@ -289,25 +289,36 @@ def part5(state, commands, results) -> list[str]:
         if r is None or "first_step_s" not in r:
             command = next((c for c in commands if c.label == label), None)
             out_of_time = command is not None and command.status.startswith((TIME_BUDGET, "timed out", "stopped"))
-            body.append([name, TIME_BUDGET if out_of_time else "no figure"] + [""] * 7)
+            body.append([name, TIME_BUDGET if out_of_time else "no figure"] + [""] * 8)
         else:
             body.append([name, fmt(r.get("first_step_s"), ".1f"), fmt(r.get("step_ms"), ".1f"),
                          fmt(r.get("tokens_per_s"), ",.0f"),
                          data_wait(r),
                          fmt(host_share(r), ".2f"), r.get("compiled_graphs", ""), r.get("graph_breaks", ""),
-                         "" if r is eager else fmt(vs_bare(r, bare), ".2f")])
-    out = [f"{first['config']} seq {first['seq']} batch {first['batch']}, {first['steps']} steps, step time over the "
-           f"last {first['last']}. First step: host seconds from its first batch to the next step's (compilation "
+                         "" if r is eager else fmt(vs_bare(r, bare), ".2f"),
+                         "" if r is eager else fmt(vs_bare_same_batches(r), ".2f")])
+    window = f"the {first['last']} before its profiled steps" if first.get("profile") else f"the last {first['last']}"
+    out = [f"{first['config']} seq {first['seq']} batch {first['batch']}, {first['steps']} steps, step time over "
+           f"{window}. First step: host seconds from its first batch to the next step's (compilation "
            f"happens there; a later run finds inductor's cache). data wait, host in step: as in part 2. vs compiled "
            f"bare: the compiled loop against the compiled bare step below, as part 2's vs bare (train.compile: auto "
-           f"compiles long GPU runs, so this is the loop they run; the target is >= 0.90). graph breaks: the "
+           f"compiles long GPU runs, so this is the loop they run; the target is >= 0.90); its batches: against the "
+           f"compiled bare step on the run's own last measured batches, as part 2's. graph breaks: the "
            f"splits dynamo made while compiling, each an extra compiled call a layer (on a CPU the packed "
            f"attention's length buckets run eager, between two graphs).", ""] + table(
         ["", "first step s", "step ms", "real tokens/s", "data wait", "host in step", "graphs compiled",
-         "graph breaks", "vs compiled bare"], body)
+         "graph breaks", "vs compiled bare", "vs compiled bare, its batches"], body)
     if compiled and eager and "first_step_s" in compiled and "step_ms" in compiled and "step_ms" in eager:
         out += ["", f"compile time ≈ {compiled['first_step_s'] - eager['first_step_s']:.1f} s (first steps' "
                 f"difference); compiled step {eager['step_ms'] / compiled['step_ms']:.2f}x the eager step's speed."]
+    same = (compiled or {}).get("bare_same_batches")
+    if vs_bare_same_batches(compiled) is not None:
+        out += ["", f"{first['label']}: the compiled bare step on the run's last {same['steps']} measured batches ran "
+                f"{same['useful_flops_per_s'] / 1e12:.1f} useful TFLOP/s ({same['step_ms']:.1f} ms a step); the loop "
+                f"ran {vs_bare_same_batches(compiled):.2f}x that."]
+    out += with_workers_sentence("The compiled loop", compiled, next(
+        (found.get(run["label"]) for run in runs[1:] if run["label"].endswith("-with-workers")), None), bare,
+        "vs compiled bare")
     return out + compiled_step(state, commands, results)
 
 
@@ -398,8 +409,6 @@ def loop_against_bare(results, bare: dict, compiled: bool = False) -> list[str]:
     ops = sorted(set(loop["ops_ms"]) | set(bare["ops_ms"]), key=lambda o: -abs(gap(loop["ops_ms"], bare["ops_ms"], o)))
     header = ["", "loop ms per step", "bare ms per step", "loop ms per 1M tokens", "bare ms per 1M tokens",
               "difference per 1M tokens"]
-    inside = (f" They fell inside its measured steps, whose figures in part {run_part} therefore hold the profiler's "
-              f"cost." if loop["in_measured_steps"] else "")
     if compiled:
         title = (f"**The compiled loop's step against the compiled bare step.** The same with train.compile's "
                  f"compiled layers: part 5's {run['label']} run, loop steps {loop['steps'][0]}-{loop['steps'][1]}, "
@@ -414,7 +423,8 @@ def loop_against_bare(results, bare: dict, compiled: bool = False) -> list[str]:
                  f"tokens; a positive difference is time the loop spends beyond the bare step. step (measured): part "
                  f"2's step time over its measured steps and part 1's bare step (no profiler); device idle: that step "
                  f"less its ops' device time, the time the device waited (for the host, a sync or the data).")
-    return (["", title + inside, ""]
+    return (["", title + " The profiled steps come after the measured ones (a loop profiled earlier stays slower).",
+             ""]
             + table(header, rows(loop["groups_ms"], bare["groups_ms"], groups)
                     + rows({"all ops": loop["total_ms"], "step (measured)": run.get("step_ms", 0.0),
                             "device idle (step - ops)": run.get("step_ms", 0.0) - loop["total_ms"]},
@@ -483,12 +493,15 @@ def targets(state, commands, results) -> list[str]:
             same = vs_bare_same_batches(r)
             judge(f"pretrain {run['label']}: within 10% of the bare step on the run's own batches (vs bare, its "
                   f"batches >= 0.9, part 2)", same, fmt(same, ".2f"), lambda v: v >= 0.9)
-    for run in state["runs"]:  # the compiled loop: only where it ran
-        if "compile" not in run["label"] or run["label"] not in runs:
-            continue
+    run = next((run for run in state["runs"] if "compile" in run["label"]), None)  # the compiled loop, as auto runs it
+    if run is not None and run["label"] in runs:
         ratio = vs_bare(runs[run["label"]], compiled.get(tuple(run["bare"])))
         judge(f"pretrain {run['label']} (train.compile, part 5): within 10% of the compiled bare step", ratio,
               fmt(ratio, ".2f"), lambda v: v >= 0.9)
+        if runs[run["label"]].get("bare_same_batches"):
+            same = vs_bare_same_batches(runs[run["label"]])
+            judge(f"pretrain {run['label']} (train.compile, part 5): within 10% of the compiled bare step on the "
+                  f"run's own batches", same, fmt(same, ".2f"), lambda v: v >= 0.9)
     for r in results.get("3", []):
         judge(f"0 host syncs: {r['case']}", r.get("later_steps"),
               f"{r.get('later_steps')} after step 1 ({r.get('first_step')} in step 1), 'error' mode: "

@@ -58,36 +58,40 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "2", "2",
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "2", "5",
                                                                           "7", "2", "4"]
     assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile", gpu_suite.WITH_WORKERS,
-                                                gpu_suite.PER_WEIGHT_CASTS, "profile-compile", "loader-transfer",
+                                                gpu_suite.COMPILE_WITH_WORKERS, "profile-compile", "loader-transfer",
                                                 "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
     before_compile = sum(c.expect for c in commands[:-7]) + 10  # + the version probe
     assert all(c.optional for c in commands[-7:]) and not any(c.optional for c in commands[:-7])
     assert gpu_suite.BUDGET_S - before_compile >= max(150, commands[-7].min_start)
-    # the loop A/B: bert_large-128's run with autocast's per-weight casts, the same batches and length of figures
-    default, per_weight = (next(c for c in commands if c.label == label)
-                           for label in ("bert_large-128", gpu_suite.PER_WEIGHT_CASTS))
-    assert "--per-weight-casts" in per_weight.argv and "--per-weight-casts" not in default.argv
-    but_steps = [[s for s in sets_of(c.argv) if not s.startswith("train.max_steps=")] for c in (default, per_weight)]
-    assert but_steps[0] == but_steps[1] and "--profile" not in per_weight.argv
-    # and the loop with 4 loader workers: the same run but for them
-    with_workers = next(c for c in commands if c.label == gpu_suite.WITH_WORKERS)
-    with warnings.catch_warnings():  # the warmup longer than the run: the configs' check below expects it
-        warnings.simplefilter("ignore")
-        loaded = [load_config("bert_large", sets_of(c.argv)) for c in (default, with_workers)]
-    assert [c.data.num_workers for c in loaded] == ["auto", 4] and loaded[0].model == loaded[1].model
-    assert [s for s in sets_of(with_workers.argv) if not s.startswith("train.max_steps=")] == but_steps[0] + [
-        "data.num_workers=4"]
-    # the compiled loop and the compiled bare step are both profiled, the loop before its measured steps
-    compiled_loop = next(c for c in commands if c.label == "bert_large-128-compile")
-    profile_compiled = next(c for c in commands if c.label == "profile-compile")
-    assert "--profile" in compiled_loop.argv and "--compile" in profile_compiled.argv
-    start, count = map(int, compiled_loop.argv[compiled_loop.argv.index("--profile") + 1].split(":"))
-    argv = profile_compiled.argv
-    assert start + count <= 80 - 50 and str(argv[argv.index("--results") + 1]).endswith("7-compile.jsonl")
+    by_label = {c.label: c for c in commands}
+
+    def but_steps(command) -> list[str]:
+        return [s for s in sets_of(command.argv) if not s.startswith(("train.max_steps=", "train.log_every="))]
+
+    # the loop A/Bs, eager and compiled: the same run but for 4 loader workers
+    for default, with_workers in (("bert_large-128", gpu_suite.WITH_WORKERS),
+                                  ("bert_large-128-compile", gpu_suite.COMPILE_WITH_WORKERS)):
+        default, with_workers = by_label[default], by_label[with_workers]
+        with warnings.catch_warnings():  # the warmup longer than the run: the configs' check below expects it
+            warnings.simplefilter("ignore")
+            loaded = [load_config("bert_large", sets_of(c.argv)) for c in (default, with_workers)]
+        assert [c.data.num_workers for c in loaded] == ["auto", 4] and loaded[0].model == loaded[1].model
+        assert but_steps(with_workers) == but_steps(default) + ["data.num_workers=4"]
+        assert loaded[0].train.compile == loaded[1].train.compile and "--profile" not in with_workers.argv
+    # the loops are profiled in a window of their own after their measured steps (a loop profiled earlier stays
+    # slower), and the compiled bare step too
+    for label, measured_end in (("bert_large-128", 300), ("bert_large-128-compile", 80)):
+        argv = [str(a) for a in by_label[label].argv]
+        start, count = map(int, argv[argv.index("--profile") + 1].split(":"))
+        config = load_config("bert_large", sets_of(argv))
+        assert start == measured_end and start + count <= config.train.max_steps <= start + config.train.log_every
+        assert start % config.train.log_every == 0 and "--bare-steps" in argv
+    argv = by_label["profile-compile"].argv
+    assert "--compile" in argv and str(argv[argv.index("--results") + 1]).endswith("7-compile.jsonl")
     for command in commands:
         argv = [str(a) for a in command.argv]
         assert (gpu_suite.TIME_LIMIT in argv) == (command.grace > 0) == ("gpu_pretrain.py" in " ".join(argv))
@@ -191,15 +195,16 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                      loader_workers=0) for run in runs]
     sync = [dict(case=f"bert_base+adamw, unpad {u}", first_step=1, later_steps=0, steps=4, error_mode="passed",
                  where={"x.py:1": 1}, method="sync debug mode") for u in ("false", "true")]
-    # the loop with loader workers: the host 48 ms of its 60 ms step, 0.2% of its time waiting for data
-    next(r for r in pretrain if r["label"] == gpu_suite.WITH_WORKERS).update(
-        loader_workers=4, host_train_step_ms_median=48.0, data_wait_share=0.002)
+    # the loops with loader workers: the host 48 ms of their 60 ms step, 0.2% of their time waiting for data
+    for r in pretrain:
+        if r["label"] in (gpu_suite.WITH_WORKERS, gpu_suite.COMPILE_WITH_WORKERS):
+            r.update(loader_workers=4, host_train_step_ms_median=48.0, data_wait_share=0.002)
     # bert_large-128's loop against the bare step on its own last batches: 290.4 T against 300 T
     pretrain[1]["bare_same_batches"] = dict(steps=24, first_micro_batch=276, rounds=3, step_ms=58.0,
                                             real_tokens=300_000, run_tokens=300_000, tokens_per_s=5.2e5,
                                             useful_flops_per_s=3e14, precision="bf16")
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
-    pretrain[1]["profile"] = dict(steps=[41, 43], tokens=12_800.0, total_ms=56.0, in_measured_steps=False,
+    pretrain[1]["profile"] = dict(steps=[301, 303], tokens=12_800.0, total_ms=56.0,
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
                                   ops_ms={"aten::mm": 28.16, "aten::_foreach_norm": 2.56, "aten::add": 25.28},
                                   gaps=dict(steps=3, span_ms=59.0, busy_ms=56.0, idle_ms=3.0, host_late_ms=2.25,
@@ -209,7 +214,9 @@ def fake_gpu_results(runs: list[dict]) -> dict:
                                                       dict(op="(no op)", ms=0.75, gaps=1.0)]))
     # bert_large-128-compile's: 44 ms of device time in its 60 ms step
     compiled_loop = next(r for r in pretrain if r["label"] == "bert_large-128-compile")
-    compiled_loop["profile"] = dict(steps=[21, 23], tokens=12_800.0, total_ms=44.0, in_measured_steps=False,
+    # against the compiled bare step on its own last batches: 290.4 T against 330 T
+    compiled_loop["bare_same_batches"] = dict(pretrain[1]["bare_same_batches"], step_ms=50.0, useful_flops_per_s=3.3e14)
+    compiled_loop["profile"] = dict(steps=[81, 83], tokens=12_800.0, total_ms=44.0,
                                     groups_ms={"GEMM": 28.16, "normalization": 15.84},
                                     ops_ms={"aten::mm": 28.16, "triton_per_fused_native_layer_norm_0": 15.84},
                                     gaps=dict(steps=3, span_ms=58.0, busy_ms=44.0, idle_ms=14.0, host_late_ms=13.0,
@@ -265,31 +272,36 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     # computed) = 285 T: 1.02 (the MFUs, 0.4 against 0.4545 x 0.95, would say 0.93: their GEMM peaks differ by 10%)
     assert {tuple(row[7:11]) for row in table_rows(report, "## 2.")} == {("290.4", "5.0% / 5.0%", "285.0", "1.02")}
     # against the bare step on its own batches: 290.4 T / 300 T; only bert_large-128 measures it
-    assert [row[11] for row in table_rows(report, "## 2.")] == ["n/a", "0.97"] + ["n/a"] * 4
+    assert [row[11] for row in table_rows(report, "## 2.")] == ["n/a", "0.97"] + ["n/a"] * 3
     assert "bert_large-128: the bare step on the run's last 24 batches ran 300.0 useful TFLOP/s (58.0 ms a step), " \
            "1.00x part 1's 300.0 on unpadded batches; the loop ran 0.97x the former." in report
-    assert [row[13] for row in table_rows(report, "## 2.")] == ["0"] * 4 + ["4", "0"]  # the runs' loader workers
-    assert "bert_large's loop with 4 loader workers (the training thread pins their batches; `data.num_workers: " \
-           "auto` starts none) against none: vs bare 1.02 against 1.02, host in step 0.80 against 0.90, data wait " \
+    assert [row[13] for row in table_rows(report, "## 2.")] == ["0"] * 4 + ["4"]  # the runs' loader workers
+    assert "bert_large's loop with 4 loader workers (the training thread pins their batches) against 0 " \
+           "(`data.num_workers: auto`): vs bare 1.02 against 1.02, host in step 0.80 against 0.90, data wait " \
            "0.2% against 1.0%." in report
-    assert "default) against autocast casting each weight (`gpu_pretrain.py --per-weight-casts`): vs bare 1.02 " \
-           "against 1.02, host in step 0.90 against 0.90." in report
-    assert [row[14] for row in table_rows(report, "## 2.")] == ["0.90"] * 4 + ["0.80", "0.90"]  # host 54 ms of 60
+    assert [row[14] for row in table_rows(report, "## 2.")] == ["0.90"] * 4 + ["0.80"]  # host 54 ms of 60
     # the compiled loop (290.4 T) against the compiled bare step: 1.5e13 / 0.04 s x (1 - 0.05 computed) = 356.25 T:
-    # 0.82; the eager loop's row has no such figure
-    loops = table_rows(report, "## 5.")[:2]
-    assert [(row[0], row[4], row[-2], row[-1]) for row in loops] == [
-        ("eager (part 2's bert_large-128)", "1.0%", "0", ""),
-        ("train.compile=true, 0 loader workers", "1.0%", "0", "0.82")]
+    # 0.82; against the compiled bare step on its own batches (330 T): 0.88; the eager loop's row has neither
+    loops = table_rows(report, "## 5.")[:3]
+    assert [(row[0], row[4], row[-3], row[-2], row[-1]) for row in loops] == [
+        ("eager (part 2's bert_large-128)", "1.0%", "0", "", ""),
+        ("train.compile=true, 0 loader workers", "1.0%", "0", "0.82", "0.88"),
+        ("train.compile=true, 4 loader workers", "0.2%", "0", "0.82", "n/a")]
+    assert "bert_large-128-compile: the compiled bare step on the run's last 24 measured batches ran 330.0 useful " \
+           "TFLOP/s (50.0 ms a step); the loop ran 0.88x that." in report
+    assert "The compiled loop with 4 loader workers (the training thread pins their batches) against 0 " \
+           "(`data.num_workers: auto`): vs compiled bare 0.82 against 0.82, host in step 0.80 against 0.90" in report
     # the compiled step: 0.05 s eager, 0.04 s compiled (1.25x); vs transformers 0.07 / 0.04 = 1.75x
-    assert [row[6:] for row in table_rows(report, "## 5.")[2:]] == [["1.25x", "56.8%", "1.75x"]] * 2
+    assert [row[6:] for row in table_rows(report, "## 5.")[3:]] == [["1.25x", "56.8%", "1.75x"]] * 2
     verdicts = [row[-1] for row in table_rows(report, "## 8.")]
-    assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 1 + 1 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed
+    assert len(verdicts) == 2 + 2 + 2 + 4 + 2 + 1 + 2 + 3 + 2 + 1 and verdicts.count("not measured") == 1  # failed
     judged = {row[0]: row[1:] for row in table_rows(report, "## 8.")}
     assert judged["pretrain bert_large-128: within 10% of the bare step on the run's own batches (vs bare, its "
                   "batches >= 0.9, part 2)"] == ["0.97", "met"]
     assert judged["pretrain bert_large-128-compile (train.compile, part 5): within 10% of the compiled bare step"] \
         == ["0.82", "**NOT met**"]
+    assert judged["pretrain bert_large-128-compile (train.compile, part 5): within 10% of the compiled bare step on "
+                  "the run's own batches"] == ["0.88", "**NOT met**"]
     assert [row[0] for row in table_rows(report, "## 8.")[2:4]] == [
         "bert-large seq 128 (train.compile, part 5): useful MFU >= 50%",
         "bert-large seq 128 (train.compile, part 5): >= 1.5x transformers"]
@@ -313,7 +325,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert loop["step (measured)"] == ["60.00", "50.00", "4687.5", "3051.8", "+1635.7"]
     assert loop["device idle (step - ops)"] == ["4.00", "9.04", "312.5", "551.8", "-239.3"]
     assert loop["`aten::_foreach_norm`"] == ["2.56", "0.00", "200.0", "0.0", "+200.0"]
-    assert "steps 41-43" in report and "12,800 real tokens a step" in report
+    assert "steps 301-303" in report and "12,800 real tokens a step" in report
     # where the bare step's device waited: no late op to list
     bare_waited = eager_part.split("**Where the bare step's (3 steps after a sync, as part 1 times them) device "
                                    "waited**")[1].split("**The loop's step")[0]
@@ -332,7 +344,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
         report, "**The compiled loop's step against the compiled bare step.**")}
     assert compiled["normalization"] == ["15.84", "4.10", "1237.5", "250.0", "+987.5"]
     assert compiled["device idle (step - ops)"] == ["16.00", "3.14", "1250.0", "191.4", "+1058.6"]
-    assert compiled["`triton_per_fused_native_layer_norm_0`"][0] == "15.84" and "loop steps 21-23" in report
+    assert compiled["`triton_per_fused_native_layer_norm_0`"][0] == "15.84" and "loop steps 81-83" in report
     compiled_part = report.split("**The compiled loop's step")[1]
     assert "**Where the compiled loop's device waited**" in compiled_part
     assert "idle 14.00: **13.00 where" in compiled_part
@@ -391,12 +403,13 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
     # runs did all their steps; the packed encoder computed no padding, the padded one all of it
     assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
-        [(False, 15, 10)] * 3 + [(True, 13, 8)] + [(False, 15, 10)] * 2
-    assert [r["per_weight_casts"] for r in figures["2"]] == [False] * 5 + [True]  # the loop A/Bs
+        [(False, 15, 10), (False, 20, 10), (False, 15, 10), (True, 13, 8), (False, 15, 10)]
     # bert_large-128's bare step on its own last 4 batches: the batches of its steps 12-15, as their tokens show
     same = figures["2"][1]["bare_same_batches"]
     assert (same["steps"], same["first_micro_batch"]) == (4, 11) and same["real_tokens"] == same["run_tokens"] > 0
-    assert [r.get("bare_same_batches") is not None for r in figures["2"]] == [False, True] + [False] * 4
+    same = figures["5"][0]["bare_same_batches"]  # and the compiled loop's: steps 9-10, the last it measured
+    assert (same["steps"], same["first_micro_batch"]) == (2, 8) and same["real_tokens"] == same["run_tokens"] > 0
+    assert [r.get("bare_same_batches") is not None for r in figures["2"]] == [False, True] + [False] * 3
     assert re.fullmatch(r"\d\.\d\d", table_rows(report, "## 2.")[1][11])
     padded, packed = figures["2"][2], figures["2"][3]
     assert padded["computed_padding_share"] == padded["padding_share"] > 0 == packed["computed_padding_share"]
@@ -406,8 +419,8 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
               if line.startswith("    4  ")]  # the 4-row micro-batches' rows
     assert [line[7:35].strip() for line in taking] == list(loader_transfer.VARIANTS), taking
     assert all(float(line.split()[-4]) > 0 and line.endswith("x") for line in taking), taking
-    assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile"]
-    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 4 + [1, 0, 0]  # auto: none
+    assert [r["label"] for r in figures["5"]] == ["bert_large-128-compile", gpu_suite.COMPILE_WITH_WORKERS]
+    assert [r["loader_workers"] for r in figures["2"] + figures["5"]] == [0] * 4 + [1, 0, 1]  # auto: none
     assert all(r["compiled_graphs"] >= 1 and 0 <= r["computed_padding_share"] < 1 for r in figures["5"])
     # the packed attention's length buckets run eager on a CPU (torch.compiler.disable): a graph break each
     assert all(r["graph_breaks"] >= 1 for r in figures["5"])
@@ -422,20 +435,22 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
         [("two_pass", 0.0, None), ("pipelined", 0.0, True)] * HAS_TRITON
     assert all(r["device_ms"] > 0 and r["device_ratio"] > 0 and r["host_ahead"] for r in kernels)
     assert "**PASS**" in report
-    assert "default) against autocast casting each weight (`gpu_pretrain.py --per-weight-casts`): vs bare " in report
-    for heading, count in (("## 1.", 4), ("## 2.", 6), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
-                           ("## 5.", 2 + 1)):
+    assert "bert_large's loop with 1 loader workers (the training thread pins their batches) against 0" in report
+    assert "The compiled loop with 1 loader workers (the training thread pins their batches) against 0" in report
+    for heading, count in (("## 1.", 4), ("## 2.", 5), ("## 3.", 4), ("## 4.", 1 + 2 * HAS_TRITON),
+                           ("## 5.", 3 + 1)):
         rows = table_rows(report, heading)
         assert len(rows) == count and all(re.search(r"\d", "".join(row[1:])) for row in rows), (heading, rows)
     assert {row[-1] for row in table_rows(report, "## 8.")} <= {"met", "**NOT met**", "not measured"}
-    # 19 targets, the compiled loop's among them
-    assert len(table_rows(report, "## 8.")) == 19
-    assert any(row[0].startswith("pretrain bert_large-128-compile (") for row in table_rows(report, "## 8."))
+    # 20 targets, the compiled loop's two among them (against the bare step on unpadded batches and on its own)
+    assert len(table_rows(report, "## 8.")) == 20
+    compiled_rows = [row for row in table_rows(report, "## 8.") if row[0].startswith("pretrain bert_large-128-compile")]
+    assert len(compiled_rows) == 2 and all(re.fullmatch(r"\d\.\d\d", row[1]) for row in compiled_rows)
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
     assert abs(sum(profile["groups_ms"].values()) - profile["total_ms"]) < 1e-6 * profile["total_ms"]
     assert profile["groups_ms"]["GEMM"] > 0 and len(table_rows(report, "## 7.")) > 3
-    loop = figures["2"][1]["profile"]  # bert_large-128's loop steps 3-4, before its measured steps 6-15
-    assert loop["steps"] == [3, 4] and not loop["in_measured_steps"] and loop["tokens"] > 0
+    loop = figures["2"][1]["profile"]  # bert_large-128's loop steps 16-17, after its measured steps 6-15
+    assert loop["steps"] == [16, 17] and loop["tokens"] > 0 and figures["2"][1]["measured_end"] == 15
     assert loop["gaps"] is None and "**Where the loop's device waited**" not in report  # a CPU has no kernels
     assert abs(sum(loop["groups_ms"].values()) - loop["total_ms"]) < 1e-6 * loop["total_ms"]
     assert {"GEMM", "optimizer"} <= set(loop["groups_ms"]) and "aten::_fused_adamw_" in loop["ops_ms"]
@@ -444,7 +459,7 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     assert "all ops" in compared and float(compared["GEMM"][0]) > 0 < float(compared["GEMM"][1])
     # the compiled loop's steps 3-4 (after its first, compiling, step) against the compiled bare step's profile
     compiled_loop, compiled_bare = figures["5"][0]["profile"], figures["7-compile"][0]
-    assert compiled_loop["steps"] == [3, 4] and not compiled_loop["in_measured_steps"] and compiled_bare["compiled"]
+    assert compiled_loop["steps"] == [11, 12] and figures["5"][0]["measured_end"] == 10 and compiled_bare["compiled"]
     assert compiled_bare["groups_ms"]["GEMM"] > 0 < compiled_loop["groups_ms"]["GEMM"]
     compared = {row[0]: row[1:] for row in table_rows(
         report, "**The compiled loop's step against the compiled bare step.**")}
