@@ -9,9 +9,10 @@ started and at least --min-steps steps ran, and the figures cover what it did. -
 torch.profiler over COUNT whole loop steps after START (data, forward, backward, clipping, optimizer: the ops' self
 device time, grouped as gpu_profile.py groups the bare step's), and the figures cover the steps up to START only: a
 loop profiled earlier stays slower after the profiler stops (H200, bert_large compiled: 61.7 against 55.4 ms a step,
-benchmarks/results/gpu_compile_loop_2026-11-28_h200.log), so profile after the measured steps; --trace FILE also
-writes them as a Chrome trace (host and device on one timeline: where the device waited); on a GPU the profile also
-holds the device's idle time in those steps and how much of it the host left (trace_gaps.py). Each step's host time
+benchmarks/results/gpu_compile_loop_2026-11-28_h200.log; Kineto keeps CUPTI attached, pytorch/pytorch#144455), so
+profile after the measured steps; --trace FILE also writes them as a Chrome trace (host and device on one timeline:
+where the device waited); on a GPU the profile also holds the device's idle time in those steps and how much of it
+the host left (trace_gaps.py). Each step's host time
 inside train_step is recorded too: near the step's time, the host is the limit. --bare-steps N: after the run, the
 bare step (forward, backward, fused AdamW; its layers compiled where train.compile is true) on the last N measured
 steps' batches, so that the loop's own cost shows apart from what its batches (packed, shorter) change in the step
