@@ -4,6 +4,7 @@ give way; tables of paths fold a long path instead of cutting it."""
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from rich.console import Console
@@ -43,6 +44,18 @@ def test_step_percent_and_eta_are_never_cut(width):
     line = progress_line(width)
     assert line.startswith("train  105/2400   4% ")
     assert " 0:00:10 ETA 0:03:39 " in line  # elapsed, then the time left at 10.5 steps/s: 2295 / 10.5 = 218.6 s
+
+
+def test_the_training_progress_line_is_redrawn_at_most_twice_a_second():
+    """A redraw is ~2 ms of Python under the GIL on a terminal: at rich's default 10 a second it took 2% of the time
+    of the thread that launches a GPU step's kernels. A slow machine only redraws less often."""
+    progress = progress_bar(terminal(120))
+    redraws, redraw = [], progress.live.refresh
+    progress.live.refresh = lambda: (redraws.append(time.monotonic()), redraw())
+    progress.add_task("train", total=100, completed=0, metrics=METRICS)
+    with progress:
+        time.sleep(1.5)
+    assert 1 <= len(redraws) <= 2 * 1.5 + 2, redraws  # + one at the start and one at the stop
 
 
 def test_the_metrics_give_way_and_show_when_there_is_room():

@@ -255,13 +255,18 @@ class MetricsColumn(TextColumn):
         return text
 
 
+# A redraw on a terminal is ~2 ms of Python under the GIL (2-core AMD EPYC): rich's default 10 a second took 2% of
+# the time of the thread that launches the GPU kernels, which is the limit of a loop the host limits
+REDRAWS_PER_SECOND = 2
+
+
 def progress_bar(console: Console) -> Progress:
     """Step / total, %, elapsed time and ETA, never cut (no_wrap), then the metrics, which give way to them."""
     fixed = {"table_column": Column(no_wrap=True)}
     return Progress(TextColumn("[bold]{task.description}", **fixed), MofNCompleteColumn(**fixed),
                     TaskProgressColumn(**fixed), BarColumn(bar_width=16, **fixed), TimeElapsedColumn(**fixed),
                     TextColumn("ETA", **fixed), TimeRemainingColumn(**fixed), MetricsColumn(),
-                    console=console, transient=False)
+                    console=console, transient=False, refresh_per_second=REDRAWS_PER_SECOND)
 
 
 def init_wandb(config: LoggingConfig, run_dir: Path, tree: dict, warn: Callable[[str], None]) -> Any:
