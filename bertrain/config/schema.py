@@ -183,8 +183,9 @@ class TrainConfig:
         "on a CUDA GPU (compute capability 7.0+, Triton installed) when the run's schedule has at least 5,000 steps "
         "and train.deterministic (which GPU exact-resume checks set) is off; on an H200 the compiled loop ran "
         "1.03-1.23x the eager one's tokens/s (bert_base, albert_base with LAMB and bert_large at seq 128, bert_base "
-        "at 512), bert_large's 1.27-1.30x on 2026-11-28 (README, GPU). Off on CPUs (on 2 idle CPU cores tiny_bert's step took 1.13x as long compiled). If compiling "
-        "fails under `auto`, torch runs that code eager and warns; `true` stops the run instead.")
+        "at 512), bert_large's 1.27-1.30x on 2026-11-28 (README, GPU). Off on CPUs (on 2 idle CPU cores tiny_bert's "
+        "step took 1.13x as long compiled). If compiling fails under `auto`, torch runs that code eager and warns; "
+        "`true` stops the run instead.")
     threads: Union[int, Literal["auto"]] = opt(
         "auto", "Intra-op CPU threads of a CPU run (torch.set_num_threads). `auto` (default): on a CPU, one "
         "forward + backward of a micro-batch is timed at torch's default count (the cores) and at fewer threads "
