@@ -180,8 +180,9 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
     from bertrain.batch_buffer import to_device
     from bertrain.config import load_config, micro_batch_size_for
     from bertrain.data.format import open_prepared
-    from bertrain.model import build_model, compile_layers
+    from bertrain.model import build_model
     from bertrain.train.adamw import FusedAdamW
+    from bertrain.train import setup
     from bertrain.train.precision import choose_mixed_precision
     from bertrain.train.stream import TrainStream
 
@@ -197,8 +198,8 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
     torch.manual_seed(0)
     with device:  # its weights made on the device: bert_large's initialization took 4 s on a CPU
         model = build_model(config.model).to(device).train()  # .to: any tensor a module made on the CPU itself
-    if config.train.compile is True:  # the compiled loop against the compiled bare step (part 5)
-        compile_layers(model)
+    if config.train.compile is True:  # compiled as the loop was (--compile-scope encoder replaces this function)
+        setup.compile_layers(model)
     optimizer = FusedAdamW(model.parameters(), lr=1e-5)
     precision = choose_mixed_precision(config.train.mixed_precision, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)

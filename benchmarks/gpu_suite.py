@@ -93,6 +93,8 @@ def pretrain_runs(quick: bool) -> list[dict]:
     common = dict(steps=300, log_every=25, last=200, grace=15, sets=["model.vocab_size=30522",
                                                                      "train.mixed_precision=auto"])
     base = dict(common, config="bert_base", seq=128, batch=256, bare=("bert-base", 128))
+    large = dict(common, config="bert_large", seq=128, batch=128, bare=("bert-large", 128))
+    compiled = dict(large, log_every=10, sets=common["sets"] + ["train.compile=true"])
     at_512 = dict(common, config="bert_base", seq=512, batch=32, bare=("bert-base", 512), steps=200, log_every=10,
                   last=150, grace=12, sets=common["sets"] + ["data.max_predictions_per_seq=80"])
     # caps: the expected time with some margin; a slower run (run 1 on an H100 took 0.3-0.6 s a step where
@@ -101,8 +103,7 @@ def pretrain_runs(quick: bool) -> list[dict]:
             # profiled (3 steps after the measured ones, in a window of its own: a loop profiled before them stays
             # slower) against part 7's bare step: where its 10% go; then the bare step on its last 24 measured
             # batches (~7 s on the H200: what the loop itself costs, apart from its batches)
-            dict(common, label="bert_large-128", config="bert_large", seq=128, batch=128, bare=("bert-large", 128),
-                 steps=325, cap=95, floor=50, expect=68, grace=35, profile="300:3", bench_args=["--bare-steps", "24"]),
+            dict(large, label="bert_large-128", steps=325, cap=95, floor=50, expect=68, grace=35, profile="300:3", bench_args=["--bare-steps", "24"]),
             dict(at_512, label="bert_base-512-unpad-false", sets=at_512["sets"] + ["model.unpad=false"], cap=45,
                  floor=30, expect=28),
             dict(at_512, label="bert_base-512-unpad-true", sets=at_512["sets"] + ["model.unpad=true"], cap=45,
@@ -111,21 +112,17 @@ def pretrain_runs(quick: bool) -> list[dict]:
             # 5's compiled bare step, if 100 s or more are left; at bert_large, whose eager loop the host limits.
             # Profiled after its measured steps 31-80 (profiled at 21-23 they ran 61.7 against 55.4 ms, H200) against
             # part 7's compiled bare step; then the compiled bare step on its last 24 measured batches (~10 s)
-            dict(common, label="bert_large-128-compile", config="bert_large", seq=128, batch=128,
-                 bare=("bert-large", 128), steps=90, log_every=10, last=50, cap=300, floor=0, expect=125, grace=25,
-                 min_start=100, optional=True, profile="80:3", bench_args=["--bare-steps", "24"],
-                 sets=common["sets"] + ["train.compile=true"]),
+            dict(compiled, label="bert_large-128-compile", steps=90, last=50, cap=300, floor=0, expect=125, grace=25,
+                 min_start=100, optional=True, profile="80:3", bench_args=["--bare-steps", "24"]),
             # bert_large-128's loop with 4 loader workers, whose batches the training thread pins itself since
             # 2026-11-28 (with DataLoader's pin thread beside the one launching the kernels two H200 runs took 80
             # against 68 ms a step; without it, 0.87 against 0.83 of the bare step): whether auto should start them
-            dict(common, label=WITH_WORKERS, config="bert_large", seq=128, batch=128, bare=("bert-large", 128),
-                 steps=150, last=100, cap=50, floor=0, expect=35, min_start=45, optional=True,
-                 sets=common["sets"] + ["data.num_workers=4"]),
+            dict(large, label=WITH_WORKERS, steps=150, last=100, cap=50, floor=0, expect=35, min_start=45,
+                 optional=True, sets=large["sets"] + ["data.num_workers=4"]),
             # and the compiled loop with them, which long runs use (with the pin thread: 0.73 against 0.85, H200);
             # inductor's cache holds its graphs by now, so its first step takes seconds
-            dict(common, label=COMPILE_WITH_WORKERS, config="bert_large", seq=128, batch=128,
-                 bare=("bert-large", 128), steps=60, log_every=10, last=40, cap=60, floor=0, expect=40, min_start=45,
-                 optional=True, sets=common["sets"] + ["train.compile=true", "data.num_workers=4"])]
+            dict(compiled, label=COMPILE_WITH_WORKERS, steps=60, last=40, cap=60, floor=0, expect=40, min_start=45,
+                 optional=True, sets=compiled["sets"] + ["data.num_workers=4"])]
 
 
 def step_shapes(quick: bool) -> list[tuple[str, int]]:
