@@ -350,3 +350,25 @@ def test_trace_gaps_splits_the_device_idle_time_by_who_left_it(tmp_path):
     # each kernel's start less its launch's: 3, 8, 5, 29, 4, 8 and 10 us; the 10th percentile and the median
     assert (gaps["lead_p10_ms"], gaps["lead_p50_ms"]) == (pytest.approx(0.003), pytest.approx(0.008))
     assert device_gaps([op("aten::mm", 0, 5)]) is None  # a CPU trace: no device work
+
+
+def test_the_backward_kernel_variants_compute_the_same_values(tmp_path):
+    """benchmarks/gpu_backward_kernels.py (run by hand on a GPU): every variant of every case gives its case's values
+    (fp32, within the rounding of a reduction over the tokens), and the report has a row for each."""
+    from tests.helpers import rounding_rtol
+
+    results = tmp_path / "rows.jsonl"
+    tokens = 64
+    out = run("gpu_backward_kernels.py", "--device", "cpu", "--tokens", str(tokens), "--hidden", "32", "--rounds", "1",
+              "--repeats", "1", "--compile-backend", "aot_eager", "--results", str(results))
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(row["case"].split(" [")[0], row["variant"]) for row in rows if "(now)" in row["variant"]] == [
+        ("bias gradient, query/key/value", "sum over tokens (now)"),
+        ("bias gradient, attention output and down", "sum over tokens (now)"),
+        ("bias gradient, up", "sum over tokens (now)"),
+        ("LayerNorm backward", "native_layer_norm_backward (now)"),
+        ("GELU backward + up bias gradient", "gelu_backward, then sum (now)")]
+    assert len(rows) == 18 and len(out.splitlines()) == 2 + 1 + 18  # the title, the table's head, a line a row
+    for row in rows:
+        assert row["us"] > 0 and row["gb_per_s"] > 0, row
+        assert row["largest_difference"] <= rounding_rtol(tokens, steps=2), row
