@@ -79,13 +79,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device = CPU):
+def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype | None, device: torch.device = CPU,
+            mark=None):
     """A closure running one training step (fused AdamW) of `model` on `batch`, autocast to `dtype` when given;
     `reference`: transformers' model (its own name for the sentence label), stepped by torch's AdamW(fused=True);
     ours by bertrain's FusedAdamW (the same kernel, its lists kept between steps: less host time), given the
     batch's layout as training gives it: built once on the host, as the collator builds it with the batch, so
     that the step reads nothing back from the device (building it from the device tensors in every step read
-    three of them back: three syncs a step on a GPU, which training never makes)."""
+    three of them back: three syncs a step on a GPU, which training never makes). `mark(name)`, when given, is called
+    at the step's start and after its forward, backward and optimizer step (gpu_host_lead.py)."""
     fused = device.type in ("cuda", "cpu")
     optimizer = (FusedAdamW(model.parameters(), lr=1e-5) if fused and not reference else
                  torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused))
@@ -95,12 +97,18 @@ def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype |
     else:
         args["layout"] = layout_of(batch.get("attention_mask"), batch["labels"], batch.get("sentence_label"))
 
+    marked = mark or (lambda name: None)
+
     def step() -> None:
+        marked("step start")
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = model(**args).loss
+        marked("forward end")
         loss.backward()
+        marked("backward end")
         optimizer.step()
+        marked("optimizer end")
 
     return step
 

@@ -372,3 +372,22 @@ def test_the_backward_kernel_variants_compute_the_same_values(tmp_path):
     for row in rows:
         assert row["us"] > 0 and row["gb_per_s"] > 0, row
         assert row["largest_difference"] <= rounding_rtol(tokens, steps=2), row
+
+
+def test_the_host_lead_probe_marks_each_layer_forward_then_backward(tmp_path):
+    """benchmarks/gpu_host_lead.py (run by hand on a GPU): the points of a step in the order the step passes them,
+    each layer's backward mark in reverse, host times rising; on a CPU, where an op is done when it returns, the host's
+    lead over the device is 0 everywhere."""
+    results = tmp_path / "lead.json"
+    run("gpu_host_lead.py", "--device", "cpu", "--shape", "tiny", "--seq", "32", "--rounds", "2", "--repeats", "3",
+        "--results", str(results))
+    result = json.loads(results.read_text())
+    layers = result["layers"]
+    assert layers == 2 and result["steps_measured"] == 2 * (3 - 1)  # each run's first step left out
+    assert [row["point"] for row in result["points"]] == [
+        "step start", *[f"layer {i} forward" for i in range(1, layers + 1)], "forward end",
+        *[f"layer {i} backward" for i in range(layers, 0, -1)], "backward end", "optimizer end"]
+    hosts = [row["host_ms"] for row in result["points"]]
+    assert hosts[0] == 0 and all(b > a for a, b in zip(hosts, hosts[1:])), hosts
+    assert all(row["lead_ms"] == 0 and row["lowest_lead_ms"] == 0 for row in result["points"])
+    assert result["marked_step_ms"] > 0 and result["plain_step_ms"] > 0
