@@ -59,16 +59,17 @@ class Marks:
         return [timed[a:b] for a, b in zip(starts, starts[1:])]
 
 
-def mark_layers(model, marks: Marks) -> int:
-    """Marks after each encoder layer's forward and where the backward reaches its output; the layer count."""
-    layers = [module for module in model.modules() if isinstance(module, EncoderLayer)]
-    for i, layer in enumerate(layers, 1):
+def mark_layers(model, marks: Marks) -> list:
+    """Marks after each encoder layer's forward and where the backward reaches its output; the hooks' handles (one
+    a layer), to remove them for the unmarked steps."""
+    handles = []
+    for i, layer in enumerate((m for m in model.modules() if isinstance(m, EncoderLayer)), 1):
         def forward_done(module, inputs, output, i=i):
             marks(f"layer {i} forward")
             if output.requires_grad:
                 output.register_hook(lambda grad: marks(f"layer {i} backward"))
-        layer.register_forward_hook(forward_done)
-    return len(layers)
+        handles.append(layer.register_forward_hook(forward_done))
+    return handles
 
 
 def measure(args) -> dict:
@@ -81,16 +82,19 @@ def measure(args) -> dict:
                                                     args.seq).items()}
     dtype = None if args.dtype == "fp32" else torch.bfloat16
     marks = Marks(device)
-    layers = mark_layers(model, marks)
     step = step_fn(model, batch, False, config.type, dtype, device, mark=marks)
     for _ in range(2):  # warm up: kernels picked, allocator filled, optimizer state made
         step()
     synchronize(device)
     steps, marked_s, plain_s = [], [], []
-    for _ in range(args.rounds):  # marked and unmarked runs alternated
+    for _ in range(args.rounds):  # marked and unmarked runs alternated; the unmarked without the layers' hooks
+        handles = mark_layers(model, marks)
         started = time.perf_counter()
         steps += marks.run(step, args.repeats)[1:]
         marked_s.append((time.perf_counter() - started) / args.repeats)
+        layers = len(handles)
+        for handle in handles:
+            handle.remove()
         synchronize(device)
         started = time.perf_counter()
         for _ in range(args.repeats):
