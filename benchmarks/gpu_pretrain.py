@@ -41,7 +41,7 @@ STARTED = time.perf_counter()  # before `import torch`: the time limit counts th
 
 import torch  # noqa: E402
 from gpu_profile import device_profiler, grouped, self_times  # noqa: E402
-from model_step import gemm_fn, synchronize, time_alternating, useful_flops  # noqa: E402
+from model_step import bare_step, gemm_fn, synchronize, time_alternating, useful_flops  # noqa: E402
 from trace_gaps import profiler_gaps  # noqa: E402
 
 EXIT_REQUEUE = 75  # bertrain's exit after a signal: the step finished, a checkpoint written
@@ -204,16 +204,9 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
     precision = choose_mixed_precision(config.train.mixed_precision, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
-    def step(batch: dict) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-
     def through_batches() -> None:
         for batch in batches:
-            step(batch)
+            bare_step(model, optimizer, batch, device, dtype, lambda name: None)
 
     # a pass to warm up (kernels picked, allocator filled), then the median of the rounds' passes
     step_s = time_alternating({"bare": through_batches}, rounds, 1, device)["bare"] / count

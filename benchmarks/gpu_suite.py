@@ -103,7 +103,8 @@ def pretrain_runs(quick: bool) -> list[dict]:
             # profiled (3 steps after the measured ones, in a window of its own: a loop profiled before them stays
             # slower) against part 7's bare step: where its 10% go; then the bare step on its last 24 measured
             # batches (~7 s on the H200: what the loop itself costs, apart from its batches)
-            dict(large, label="bert_large-128", steps=325, cap=95, floor=50, expect=68, grace=35, profile="300:3", bench_args=["--bare-steps", "24"]),
+            dict(large, label="bert_large-128", steps=325, cap=95, floor=50, expect=68, grace=35, profile="300:3",
+                 bench_args=["--bare-steps", "24"]),
             dict(at_512, label="bert_base-512-unpad-false", sets=at_512["sets"] + ["model.unpad=false"], cap=45,
                  floor=30, expect=28),
             dict(at_512, label="bert_base-512-unpad-true", sets=at_512["sets"] + ["model.unpad=true"], cap=45,
@@ -153,7 +154,7 @@ def target_shapes(quick: bool) -> dict:
 
 def plan(device: str, quick: bool, scratch: Path) -> list[Command]:
     """Every command of the suite in the order run: by importance (1, 2, 3, 4, 6, 7), then the optional ones: the
-    compiled step, the compiled loop, bert_large's loop with loader workers and with per-weight casts, the compiled
+    compiled step, the compiled loop, bert_large's loops (eager and compiled) with loader workers, the compiled
     step's profile, taking a batch from workers, LAMB's kernel configurations."""
     bench, results, data = ROOT / "benchmarks", scratch / "results", data_dirs(scratch)
     workers = 2 if quick else max(1, min(16, os.cpu_count() or 1))

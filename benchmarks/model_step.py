@@ -98,19 +98,21 @@ def step_fn(model, batch: dict, reference: bool, kind: str, dtype: torch.dtype |
         args["layout"] = layout_of(batch.get("attention_mask"), batch["labels"], batch.get("sentence_label"))
 
     marked = mark or (lambda name: None)
+    return lambda: bare_step(model, optimizer, args, device, dtype, marked)
 
-    def step() -> None:
-        marked("step start")
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(**args).loss
-        marked("forward end")
-        loss.backward()
-        marked("backward end")
-        optimizer.step()
-        marked("optimizer end")
 
-    return step
+def bare_step(model, optimizer, args: dict, device: torch.device, dtype: torch.dtype | None, mark) -> None:
+    """zero_grad, forward (autocast to `dtype` when given), backward, optimizer step: nothing else; `mark(name)` at
+    the step's start and after each of the three."""
+    mark("step start")
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = model(**args).loss
+    mark("forward end")
+    loss.backward()
+    mark("backward end")
+    optimizer.step()
+    mark("optimizer end")
 
 
 def gemm_fn(dtype: torch.dtype, n: int = 2048, device: torch.device = CPU):
