@@ -2,6 +2,9 @@
 
     python benchmarks/loop_overhead.py                     # tiny_bert's shape on the pydoc recipe's data
     python benchmarks/loop_overhead.py --data DATA_DIR --rounds 7 --steps 20
+    python benchmarks/loop_overhead.py --config bert_large --set model.hidden_size=16 \
+        --set model.num_attention_heads=1 --set model.intermediate_size=16 --set train.batch_size=2 \
+        --set data.max_seq_length=16   # bert_large's layers at a width where the step is nearly all host time
 
 bare: model(**batch).loss.backward(); optimizer.step(); zero_grad — nothing else.
 loop: what Trainer does per step: train_step (globally normalized losses, metric sums on the device,
@@ -64,13 +67,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="Prepared DATA_DIR (default: prepare the pydoc recipe in a cache dir).")
     parser.add_argument("--config", default="tiny_bert", help="Shipped config name or YAML (its model and batch).")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="A config override.")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20, help="Steps per round and variant.")
     args = parser.parse_args()
 
     data = Path(args.data) if args.data else prepared_pydoc(Path(tempfile.gettempdir()) / "bertrain-bench-pydoc")
     prepared = open_prepared(data)
-    config = load_config(args.config)
+    config = load_config(args.config, args.set)
     model_config = ModelConfig(**{**vars(config.model), "vocab_size": prepared.vocab_size, "init_from": None})
     data_config = DataConfig(objective=config.data.objective, max_seq_length=config.data.max_seq_length)
     loader = build_train_loader(prepared, data_config, seed=0, epoch=0, micro_batch_size=config.train.batch_size,

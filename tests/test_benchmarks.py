@@ -107,6 +107,16 @@ def test_adamw_host_benchmark_times_torchs_step_ours_and_the_kernels():
     assert rows["torch's AdamW(fused=True)"][-1] == 1.0 and all(ms > 0 for ms, ratio in rows.values())
 
 
+def test_grad_norm_host_benchmark_times_the_norm_before_and_now_on_the_same_bits():
+    """The benchmark asserts that all three norms agree bitwise before timing them (one group: the same kernels)."""
+    out = run("grad_norm_host.py", "--config", "tiny_bert", "--rounds", "1", "--steps", "3")
+    rows = {line[2:46].strip(): numbers(line[46:]) for line in out.splitlines() if line.startswith("  ")}
+    assert "tiny_bert: 38 tensors, 1 group(s), cpu" in out, out
+    assert set(rows) == {"get_total_norm, model.parameters() (before)", "global_norm, listed once (now)",
+                         "the kernels alone"}, rows
+    assert rows["get_total_norm, model.parameters() (before)"][-1] == 1.0 and all(ms > 0 for ms, _ in rows.values())
+
+
 def test_shared_copies_benchmark_holds_fewer_bytes_for_the_backward():
     """tiny_albert applies its one layer twice: the shared copies keep one bf16 copy of it for the backward where a
     copy per application keeps two."""

@@ -13,7 +13,8 @@ from bertrain.errors import ConfigError
 from bertrain.model import build_model
 from bertrain.train.optim import (Lamb, LRSchedule, apply_settings, build_optimizer, build_scheduler, optimizer_groups,
                                   parameter_groups, warmup_steps_for)
-from bertrain.train.step import StepResult, backward, gradient_norm, optimizer_step, unwrap_plain
+from bertrain.train.step import (StepResult, backward, global_norm, gradient_groups, gradient_norm, optimizer_step,
+                                 unwrap_plain)
 from tests.helpers import OneProcess, assert_rounding_close
 
 
@@ -292,6 +293,40 @@ def test_clipping_is_fused_adamws_grad_scale_and_matches_torchs_clip_grad_norm(m
             assert_rounding_close(a, b, 1, steps=3, name=name)
         else:
             assert torch.equal(a, b), name
+
+
+def test_the_gradient_norm_over_parameters_listed_once_is_torchs_get_total_norm():
+    """gradient_groups lists the trainable parameters once by device and dtype; global_norm runs get_total_norm's
+    kernels on their gradients: bitwise its norm on one group, and within rounding of it over several dtypes (the
+    groups' order may differ from torch's), frozen parameters and missing gradients left out as torch leaves them."""
+    torch.manual_seed(0)
+    model = tiny_model("bert")
+    set_random_gradients(model, 0)
+    groups = gradient_groups(model)
+    assert len(groups) == 1 and groups[0] == [p for p in model.parameters()]
+    grads = [p.grad for p in model.parameters()]
+    assert torch.equal(global_norm(groups), torch.nn.utils.get_total_norm(grads))
+    for step in (1, 2):  # new gradient tensors each step (zero_grad sets them to None): read at each call
+        set_random_gradients(model, step)
+        assert torch.equal(global_norm(groups), torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+
+    mixed = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n, dtype=dtype) * scale)
+                                    for n, dtype, scale in ((300, torch.float32, 1.0), (70, torch.bfloat16, 3.0),
+                                                            (50, torch.float64, 0.5), (20, torch.float32, 2.0),
+                                                            (10, torch.bfloat16, 1.0))])
+    mixed[3].requires_grad_(False)
+    for p in mixed:
+        p.grad = torch.randn_like(p) if p.requires_grad else None
+    mixed[4].grad = None  # a trainable parameter that got no gradient this step
+    groups = gradient_groups(mixed)
+    assert [[p.dtype for p in group] for group in groups] == [[torch.float32], [torch.bfloat16] * 2, [torch.float64]]
+    expected = torch.nn.utils.get_total_norm([p.grad for p in mixed if p.grad is not None])
+    norm = global_norm(groups)
+    assert norm.dtype == expected.dtype
+    assert_rounding_close(norm, expected, reduction_length=4)  # the norm of 3 group norms in another order
+    by_hand = math.sqrt(sum(float(p.grad.double().square().sum()) for p in mixed if p.grad is not None))
+    assert abs(float(norm) - by_hand) <= torch.finfo(torch.bfloat16).eps * by_hand  # bf16 norms: one rounding each
+    assert float(global_norm([[mixed[3]]])) == 0.0  # nothing with a gradient: torch's empty norm
 
 
 @pytest.mark.parametrize("optimizer_name", ["adamw", "lamb"])

@@ -58,9 +58,9 @@ def run_bertrain(run_cli, monkeypatch, tmp_path, data_dir, case: dict):
         initial.update({k: v.detach().clone() for k, v in model.state_dict().items()})
         return model
 
-    def recording_step(model, accelerator, batches, max_grad_norm):
+    def recording_step(model, accelerator, batches, *args):
         trained_on.append([{k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)} for b in batches])
-        return train_step(model, accelerator, batches, max_grad_norm)
+        return train_step(model, accelerator, batches, *args)
 
     # Only watched: the loop builds its model and runs each step with its own functions, unchanged.
     monkeypatch.setattr(loop, "build_model", recording_build)

@@ -23,7 +23,7 @@ from bertrain.train.optim import build_optimizer, build_scheduler
 from bertrain.train.precision import choose_mixed_precision
 from bertrain.train.scores import score
 from bertrain.train.signals import raise_if_interrupted, received_signal_name, stop_requested
-from bertrain.train.step import clip_scale, takes_grad_scale
+from bertrain.train.step import clip_scale, global_norm, gradient_groups, takes_grad_scale
 from bertrain.train.threads import ThreadPlan, ThreadTuner
 
 ADAM_EPS = 1e-8  # transformers Trainer's default (Google's BERT: 1e-6); changes nothing measurable here
@@ -103,6 +103,7 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
     multiple_of = 8 if device.type == "cuda" else 1
     model.train()
     tuner, probing = None, 0.0  # finetune.threads: auto (measuring is not training time)
+    groups = gradient_groups(model)  # listed once; clipping takes the norm of their gradients
     start, done, seen, epoch = time.perf_counter(), 0, 0, 0
     raise_if_interrupted()  # a Ctrl-C that Python swallowed while evaluate started
     while done < steps:
@@ -128,8 +129,7 @@ def finetune(pretrained: PreTrainingModel, data: TaskData, recipe: FinetuneConfi
             else:
                 loss.backward()
             if recipe.max_grad_norm is not None and scaler is None and takes_grad_scale(optimizer):
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                optimizer.grad_scale = clip_scale(torch.nn.utils.get_total_norm(grads), recipe.max_grad_norm)
+                optimizer.grad_scale = clip_scale(global_norm(groups), recipe.max_grad_norm)
             elif recipe.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
             if scaler is not None:

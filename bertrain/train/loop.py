@@ -35,8 +35,8 @@ from bertrain.train.resume_rules import resumed_state
 from bertrain.train.setup import (build_accelerator, compile_if_chosen, resolve_run_config, schedule_length,
                                   write_run_files)
 from bertrain.train.signals import ctrl_c_saves, install_handlers, received_signal_name, stop_at_once
-from bertrain.train.step import (LossScale, NonFiniteWatch, StepResult, end_training, optimizer_step,
-                                 too_many_bad_steps, train_step)
+from bertrain.train.step import (LossScale, NonFiniteWatch, StepResult, end_training, gradient_groups,
+                                 optimizer_step, too_many_bad_steps, train_step)
 from bertrain.train.stream import TrainStream
 from bertrain.train.threads import ThreadTuner, plan_threads, start_tuner
 
@@ -52,6 +52,7 @@ class Parts:
     state: TrainState
     monitor: Monitor | NullMonitor
     micro_batch_size: int
+    gradient_groups: list  # the trainable parameters by device and dtype, listed once (train_step)
     tuner: ThreadTuner | None = None  # train.threads on a one-process CPU run
 
 
@@ -147,7 +148,7 @@ class Trainer:
             write_run_files(self.run_dir, config, self.prepared, state, resume_path, self.console)
         accelerator.wait_for_everyone()
         checkpoint.restore_rng(resume_path, rank, train.seed)
-        parts = Parts(model, optimizer, scheduler, stream, state, monitor, micro_batch_size)
+        parts = Parts(model, optimizer, scheduler, stream, state, monitor, micro_batch_size, gradient_groups(model))
         return self._loop(parts, num_parameters)
 
     def _start_state(self, resume_path: Path | None, micro_batch_size: int) -> TrainState:
@@ -277,7 +278,7 @@ class Trainer:
         lr = parts.scheduler.get_last_lr()[0]
         fault_hooks.fire("SIGNAL_AT_STEP", state.step + 1)
         fault_hooks.fire("PAUSE_AT_STEP", state.step + 1)
-        metrics = train_step(parts.model, accelerator, batches, self.config.optim.max_grad_norm)
+        metrics = train_step(parts.model, accelerator, batches, self.config.optim.max_grad_norm, parts.gradient_groups)
         state.epoch, state.micro_batch = parts.stream.epoch, parts.stream.micro_batch
         state.tokens_seen += metrics.tokens  # host ints: the step reads nothing from the device
         state.samples_seen += metrics.samples

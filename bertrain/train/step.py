@@ -109,8 +109,10 @@ def backward(accelerator, loss: torch.Tensor) -> None:
         accelerator.backward(loss)
 
 
-def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None) -> StepResult:
-    """Forward/backward over this step's micro-batches (each with its BatchLayout); no device read, no optimizer step"""
+def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | None,
+               groups: list[list[torch.nn.Parameter]] | None = None) -> StepResult:
+    """Forward/backward over this step's micro-batches (each with its BatchLayout); no device read, no optimizer
+    step. `groups`: gradient_groups(model), made once by the caller (else made here)."""
     world, device = accelerator.num_processes, accelerator.device
     layouts = [b["layout"] for b in batches]
     has_sentence = "sentence_label" in batches[0]
@@ -133,7 +135,7 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
             if accelerator.scaler is not None:  # fp16: a non-finite loss makes every gradient NaN: the scaler skips
                 loss = loss * torch.where(torch.isfinite(loss), 1.0, float("nan"))
             backward(accelerator, loss)
-    grad_norm, clip_to = gradient_norm(model, accelerator, max_grad_norm)
+    grad_norm, clip_to = gradient_norm(model, accelerator, max_grad_norm, groups)
     finite = torch.isfinite(sums[0] + sums[2])
     if accelerator.scaler is None:  # fp16's scaler skips overflowed gradients itself, uncounted: not a bad step
         finite = finite & torch.isfinite(grad_norm)
@@ -150,15 +152,41 @@ def train_step(model, accelerator, batches: list[dict], max_grad_norm: float | N
 _OWN_CLIPPING = {"FSDP", "DEEPSPEED", "XLA", "MEGATRON_LM"}
 
 
-def gradient_norm(model, accelerator, max_grad_norm: float | None) -> tuple[torch.Tensor, float | None]:
+def gradient_norm(model, accelerator, max_grad_norm: float | None,
+                  groups: list[list[torch.nn.Parameter]] | None = None) -> tuple[torch.Tensor, float | None]:
     """The gradients' global norm, and the norm optimizer_step is left to clip them to. fp16 (whose scaler unscales
     the gradients first) and Accelerate's sharded setups clip here, in place, as torch's clip_grad_norm_."""
     kind = getattr(getattr(accelerator, "distributed_type", None), "value", "NO")
     if accelerator.scaler is not None or kind in _OWN_CLIPPING:
         limit = max_grad_norm if max_grad_norm is not None else float("inf")
         return accelerator.clip_grad_norm_(model.parameters(), limit), None
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads), max_grad_norm
+    return global_norm(gradient_groups(model) if groups is None else groups), max_grad_norm
+
+
+def gradient_groups(model) -> list[list[torch.nn.Parameter]]:
+    """The trainable parameters by device and dtype (a gradient has its parameter's), to list once: walking
+    model.parameters() took 0.5-0.9 ms of host time a step at bert_large's 302 tensors (2-core AMD EPYC)."""
+    groups: dict = {}
+    for param in model.parameters():
+        if param.requires_grad:
+            groups.setdefault((param.device, param.dtype), []).append(param)
+    return list(groups.values())
+
+
+def global_norm(groups: list[list[torch.nn.Parameter]]) -> torch.Tensor:
+    """torch.nn.utils.get_total_norm (2-norm) of the groups' gradients with its kernels (a _foreach_norm per group,
+    then the norm of the norms), without its Python per gradient (a type check and a .to() each)."""
+    norms: list[torch.Tensor] = []
+    for group in groups:
+        grads = [param.grad for param in group if param.grad is not None]
+        if grads:
+            group_norms = torch._foreach_norm(grads)
+            if norms and group[0].device != norms[0].device:  # a model over several devices: as get_total_norm
+                group_norms = [norm.to(norms[0].device) for norm in group_norms]
+            norms.extend(group_norms)
+    if not norms:
+        return torch.tensor(0.0)
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 class LossScale:
