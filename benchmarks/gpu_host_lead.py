@@ -43,20 +43,30 @@ class Marks:
             event.record()
         self.points.append((name, time.perf_counter(), event))
 
-    def run(self, step, repeats: int) -> list[list[tuple[str, float, float]]]:
-        """`repeats` marked steps after a sync: each step's points as (name, host ms, device ms) from the run start."""
+    def start(self) -> None:
+        """Marking on, from a sync: the run's start, where the host and the device begin together."""
         synchronize(self.device)
         self.points, self.on = [], True
         self("run start")
-        for _ in range(repeats):
-            step()
+
+    def finish(self) -> list[list[tuple[str, float, float]]]:
+        """Marking off, then a sync: each step's points from its "step start" as (name, host ms, device ms) from the
+        run's start; a step's last point, "step end", is the next step's start (the last step has none)."""
         self.on = False
         synchronize(self.device)
         _, host_zero, event_zero = self.points[0]
         timed = [(name, (host - host_zero) * 1e3, event_zero.elapsed_time(event) if event_zero else
                   (host - host_zero) * 1e3) for name, host, event in self.points[1:]]
         starts = [i for i, (name, _, _) in enumerate(timed) if name == "step start"] + [len(timed)]
-        return [timed[a:b] for a, b in zip(starts, starts[1:])]
+        return [timed[a:b] + ([("step end", *timed[b][1:])] if b < len(timed) else [])
+                for a, b in zip(starts, starts[1:])]
+
+    def run(self, step, repeats: int) -> list[list[tuple[str, float, float]]]:
+        """`repeats` marked steps after a sync (finish's steps)."""
+        self.start()
+        for _ in range(repeats):
+            step()
+        return self.finish()
 
 
 def mark_layers(model, marks: Marks) -> list:
@@ -101,6 +111,16 @@ def measure(args) -> dict:
             step()
         synchronize(device)
         plain_s.append((time.perf_counter() - started) / args.repeats)
+    steps = [s[:-1] if s[-1][0] == "step end" else s for s in steps]  # the step's start to the optimizer's end
+    return dict(shape=args.shape, seq=args.seq, batch=batch_size, layers=layers, dtype=args.dtype,
+                device=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+                steps_measured=len(steps), marked_step_ms=statistics.median(marked_s) * 1e3,
+                plain_step_ms=statistics.median(plain_s) * 1e3, points=point_rows(steps))
+
+
+def point_rows(steps: list[list[tuple[str, float, float]]]) -> list[dict]:
+    """Per point of the steps (which all pass the same points): medians of the host's and the device's ms from the
+    step's start, and of the host's lead there (from the run's start), and its lowest."""
     names = [name for name, _, _ in steps[0]]
     assert all([name for name, _, _ in s] == names for s in steps), "every step passes the same points"
     rows = []
@@ -109,23 +129,23 @@ def measure(args) -> dict:
         leads = sorted(s[i][2] - s[i][1] for s in steps)
         rows.append(dict(point=name, host_ms=host, device_ms=device_ms, lead_ms=statistics.median(leads),
                          lowest_lead_ms=leads[0]))
-    return dict(shape=args.shape, seq=args.seq, batch=batch_size, layers=layers, dtype=args.dtype,
-                device=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-                steps_measured=len(steps), marked_step_ms=statistics.median(marked_s) * 1e3,
-                plain_step_ms=statistics.median(plain_s) * 1e3, points=rows)
+    return rows
 
 
-def report(result: dict, near_ms: float) -> str:
-    lines = [f"{result['device']}: {result['shape']} seq {result['seq']} batch {result['batch']} {result['dtype']}, "
-             f"{result['steps_measured']} steps: marked {result['marked_step_ms']:.2f} ms a step, unmarked "
-             f"{result['plain_step_ms']:.2f} ms",
-             "| point | host ms from the step's start | device ms | host's lead ms (median) | lowest lead ms |",
+def points_table(rows: list[dict], near_ms: float) -> list[str]:
+    lines = ["| point | host ms from the step's start | device ms | host's lead ms (median) | lowest lead ms |",
              "|---|---|---|---|---|"]
-    for row in result["points"]:
+    for row in rows:
         flag = " **device waits**" if row["lead_ms"] < near_ms else ""
         lines.append(f"| {row['point']} | {row['host_ms']:.3f} | {row['device_ms']:.3f} | {row['lead_ms']:.3f}{flag} "
                      f"| {row['lowest_lead_ms']:.3f} |")
-    return "\n".join(lines)
+    return lines
+
+
+def report(result: dict, near_ms: float) -> str:
+    return "\n".join([f"{result['device']}: {result['shape']} seq {result['seq']} batch {result['batch']} "
+                      f"{result['dtype']}, {result['steps_measured']} steps: marked {result['marked_step_ms']:.2f} ms "
+                      f"a step, unmarked {result['plain_step_ms']:.2f} ms"] + points_table(result["points"], near_ms))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

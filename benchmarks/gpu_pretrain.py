@@ -16,12 +16,18 @@ the host left (trace_gaps.py). Each step's host time
 inside train_step is recorded too: near the step's time, the host is the limit. --bare-steps N: after the run, the
 bare step (forward, backward, fused AdamW; its layers compiled where train.compile is true) on the last N measured
 steps' batches, so that the loop's own cost shows apart from what its batches (packed, shorter) change in the step
-itself. Used by gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
+itself. --marks START:COUNT: COUNT loop steps after the first START with the host's clock and a CUDA event at each
+point (the step's start, its batch taken, the forward queued, the backward, the gradient norm, train_step's end, the
+optimizer step's start and end), as gpu_host_lead.py marks the bare step, and the bare step on its batches marked
+too with --bare-steps: how much host time each part of the loop takes and where the device waits, without the
+profiler (which slows the host it measures). Used by gpu_suite.sh; everything after `--` goes to `bertrain pretrain`.
 
     python benchmarks/gpu_pretrain.py --last 200 --time-limit 60 -- --config bert_base --data D --run-dir R
     python benchmarks/gpu_pretrain.py --last 200 --profile 300:3 -- --config bert_large --data D --run-dir R \
         --set train.max_steps=325
     python benchmarks/gpu_pretrain.py --last 200 --bare-steps 24 -- --config bert_large --data D --run-dir R
+    python benchmarks/gpu_pretrain.py --last 200 --marks 300:10 --bare-steps 24 -- --config bert_large --data D \
+        --run-dir R --set train.max_steps=315
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 STARTED = time.perf_counter()  # before `import torch`: the time limit counts the whole process
 
 import torch  # noqa: E402
+from gpu_host_lead import Marks, point_rows, points_table  # noqa: E402
 from gpu_profile import device_profiler, grouped, self_times  # noqa: E402
 from model_step import bare_step, gemm_fn, synchronize, time_alternating, useful_flops  # noqa: E402
 from trace_gaps import profiler_gaps  # noqa: E402
@@ -52,41 +59,52 @@ class Probe:
     positions its forwards computed; stops the run at the time limit."""
 
     def __init__(self, time_limit: float | None, min_steps: int, profile: tuple[int, int] | None = None,
-                 device: torch.device | None = None, trace: str | None = None) -> None:
+                 device: torch.device | None = None, trace: str | None = None,
+                 marks: tuple[int, int] | None = None) -> None:
         self.waiting, self.started, self.steps, self.forwards = 0.0, None, [], []
         self.loader_workers = None  # the stream's loader workers (data.num_workers as the run resolved it)
         self.time_limit, self.min_steps, self.stopped = time_limit, min_steps, False
         self.profile, self.device, self.profiler = profile, device, None  # (start, count): steps profiled
         self.trace = trace  # the profiled steps' Chrome trace (host ops and kernels on one timeline), gzipped
+        self.marks, self.mark, self.marked = marks, Marks(device or torch.device("cpu")), None  # (start, count)
 
     def install(self) -> list[str]:
         """Wrap TrainStream.next, the loop's train_step and the model's plan_forward (eager under train.compile,
         which compiles the layers only); returns what could not be wrapped."""
         from bertrain.model import bert
         from bertrain.train import loop, stream
+        from bertrain.train import step as train_step_module
 
         targets = [(stream.TrainStream, "next"), (loop, "train_step"), (bert, "plan_forward")]
+        if self.marks:
+            targets += [(train_step_module, "backward"), (train_step_module, "gradient_norm"),
+                        (loop, "optimizer_step")]
         missing = [name for owner, name in targets if not hasattr(owner, name)]
         if missing:
             return missing
         next_batch, train_step = stream.TrainStream.next, loop.train_step
 
         def timed_next(stream_self):
+            if self.started is None:
+                self.mark("step start")
             start = time.perf_counter()
             self.started, self.loader_workers = self.started or start, stream_self.workers.count
             try:
                 return next_batch(stream_self)
             finally:
                 self.waiting += time.perf_counter() - start
+                self.mark("batch taken")
 
         def counted_step(model, accelerator, batches, *args, **kwargs):
             self.stop_if_due()  # before the step: train_step reads the stop flag, so this step is the last
+            self.marks_if_due()
             self.profile_if_due()
             step = dict(start=self.started or time.perf_counter(), data_s=self.waiting,
                         width=max(int(b["input_ids"].shape[1]) for b in batches))
             self.waiting, self.started, self.forwards = 0.0, None, []
             launched = time.perf_counter()
             result = train_step(model, accelerator, batches, *args, **kwargs)
+            self.mark("train_step end")
             step.update(train_step_s=time.perf_counter() - launched, samples=result.samples, tokens=result.tokens,
                         predicted=result.predicted,
                         computed=sum(self.forwards) if self.forwards else None)
@@ -103,7 +121,35 @@ class Probe:
             return plan
 
         stream.TrainStream.next, loop.train_step, bert.plan_forward = timed_next, counted_step, counted_plan
+        if self.marks:
+            self.mark_around(train_step_module, "backward", "forward queued", "backward end")
+            self.mark_around(train_step_module, "gradient_norm", None, "norm end")
+            self.mark_around(loop, "optimizer_step", "optimizer start", "optimizer end")
         return []
+
+    def mark_around(self, owner, name: str, before: str | None, after: str) -> None:
+        """`owner.name` (a function the loop calls by that name) marking `before` and `after` its call."""
+        function = getattr(owner, name)
+
+        def marked(*args, **kwargs):
+            if before:
+                self.mark(before)
+            result = function(*args, **kwargs)
+            self.mark(after)
+            return result
+        setattr(owner, name, marked)
+
+    def marks_if_due(self) -> None:
+        """Start marking at step `start`'s train_step (after a sync), stop `count` steps later: finish keeps the
+        whole steps in between (from a "step start"), and the first of them is left out, as after any sync."""
+        if self.marks is None:
+            return
+        start, count = self.marks
+        if len(self.steps) == start:
+            self.mark.start()
+        elif len(self.steps) == start + count and self.mark.on:
+            steps = [s for s in self.mark.finish() if s and s[-1][0] == "step end"][1:]
+            self.marked = dict(steps=len(steps), first=start + 2, points=point_rows(steps)) if steps else None
 
     def profile_if_due(self) -> None:
         """Start the profiler before step `start`'s forward, stop it (the device's work done) `count` steps later:
@@ -121,8 +167,11 @@ class Probe:
                 export_trace(self.profiler, self.trace)
 
     def measured_end(self) -> int:
-        """The steps the figures may cover: those before the profiler started (the run's, where it never did)."""
-        return self.profile[0] if self.profiler is not None else len(self.steps)
+        """The steps the figures may cover: those before the profiler or the marks started (the run's, where
+        neither did)."""
+        started = [window[0] for window, on in ((self.profile, self.profiler is not None),
+                                                (self.marks, self.mark.points)) if on]
+        return min(started, default=len(self.steps))
 
     def profiled(self) -> dict | None:
         """The profiled steps' ops (ms per step), grouped."""
@@ -169,12 +218,14 @@ def compile_encoder_whole() -> None:
     setup.compile_layers = compile_encoder
 
 
-def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.device, rounds: int = 3) -> dict:
+def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.device, rounds: int = 3,
+                        marked: bool = False) -> dict:
     """Part 1's bare step (zero_grad, forward, backward, FusedAdamW: nothing else) of a fresh model of the run's
     config on `count` of the run's own batches, micro-batches `first`.. of epoch 0, all made and on the device before
     the timing: the same packing, lengths and masks as the loop's steps, so the loop against it is the cost of the
     loop alone (its data, clipping, bookkeeping), where part 1's unpadded batches also differ in what they compute.
-    Its layers are compiled as the loop's were where the run's train.compile is true."""
+    Its layers are compiled as the loop's were where the run's train.compile is true. `marked`: then one more pass
+    with gpu_host_lead's marks, as --marks marks the loop."""
     import gc
 
     from bertrain.batch_buffer import to_device
@@ -214,9 +265,16 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
     flops = sum(useful_flops(config.model, x.batch_size, x.predicted, x.width) * x.real_tokens
                 / (x.batch_size * x.width) for x in layouts)  # as summarize counts the run's: real tokens only
     tokens = sum(x.real_tokens for x in layouts)
-    return dict(steps=count, first_micro_batch=first, rounds=rounds, step_ms=1e3 * step_s, real_tokens=tokens,
-                tokens_per_s=tokens / count / step_s,
-                useful_flops_per_s=flops / count / step_s, precision=precision)
+    out = dict(steps=count, first_micro_batch=first, rounds=rounds, step_ms=1e3 * step_s, real_tokens=tokens,
+               tokens_per_s=tokens / count / step_s, useful_flops_per_s=flops / count / step_s, precision=precision)
+    if marked and count > 2:
+        marks = Marks(device)
+        marks.start()
+        for batch in batches:
+            bare_step(model, optimizer, batch, device, dtype, marks)
+        steps = [s for s in marks.finish() if s[-1][0] == "step end"][1:]  # the first after a sync left out
+        out["marks"] = dict(steps=len(steps), points=point_rows(steps))
+    return out
 
 
 def windows(run_dir: Path, last: int, end: int) -> tuple[int, float, float, float, int]:
@@ -280,6 +338,8 @@ def summarize(probe: Probe, run_dir: Path, last: int, device: torch.device) -> d
     profile = probe.profiled()
     if profile:
         out["profile"] = profile
+    if probe.marked:
+        out["marks"] = probe.marked
     return out
 
 
@@ -301,6 +361,9 @@ def main() -> None:
                         help="What train.compile compiles: each encoder layer (bertrain's way) or the encoder "
                              "whole, all its layers in one graph (one guard check and one AOTAutograd call a "
                              "direction instead of one a layer: 14-31%% less time a step on a 2-core CPU at width 64).")
+    parser.add_argument("--marks", default=None, metavar="START:COUNT",
+                        help="Mark COUNT loop steps after the first START: host time and the device's progress at "
+                             "each part of the step (the figures cover steps 1-START); the bare steps too.")
     parser.add_argument("--bare-steps", type=int, default=0, metavar="N",
                         help="After the run: the bare step on the last N measured steps' batches (the loop's own "
                              "cost).")
@@ -315,8 +378,8 @@ def main() -> None:
     if args.compile_scope == "encoder":
         compile_encoder_whole()
 
-    profile = tuple(int(n) for n in args.profile.split(":")) if args.profile else None
-    probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace)
+    profile, marks = (tuple(int(n) for n in a.split(":")) if a else None for a in (args.profile, args.marks))
+    probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace, marks)
     result: dict = {"label": args.label, "not_wrapped": probe.install()}
     started = time.perf_counter()
     result["exit_code"] = cli(["pretrain", *pretrain_args])
@@ -334,8 +397,13 @@ def main() -> None:
     if finished and args.bare_steps and "measured_end" in result:  # the suite's runs: one micro-batch a step
         end = result["measured_end"]
         first = max(end - args.bare_steps, 0)
-        same = result["bare_same_batches"] = bare_on_run_batches(run_dir, first, end - first, device)
+        same = result["bare_same_batches"] = bare_on_run_batches(run_dir, first, end - first, device,
+                                                                 marked=marks is not None)
         same["run_tokens"] = sum(s["tokens"] for s in probe.steps[first:end])  # = its real_tokens: the same batches
+    for whose, marked in (("the loop's", result.get("marks")),
+                          ("the bare step's", result.get("bare_same_batches", {}).get("marks"))):
+        if marked:
+            print(f"{whose} marked steps ({marked['steps']}):\n" + "\n".join(points_table(marked["points"], 0.05)))
     from torch._dynamo.utils import counters
 
     if counters["stats"].get("unique_graphs"):  # train.compile ran: the graphs (recompiles, graph breaks)

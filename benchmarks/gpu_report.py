@@ -370,7 +370,50 @@ def part7(state, commands, results) -> list[str]:
                                                      for n, ms in ops])
             + device_waits(r.get("gaps"), "the bare step's (3 steps after a sync, as part 1 times them)")
             + loop_against_bare(results, r)
-            + compiled_loop_against_bare(results))
+            + compiled_loop_against_bare(results)
+            + [line for part in ("2", "5") for run in results.get(part, []) for line in host_segments(run)])
+
+
+# the loop's marked points (gpu_pretrain.py --marks) with the bare step's point that ends the same work, if any
+SEGMENTS = [("batch taken", None), ("forward queued", "forward end"), ("backward end", "backward end"),
+            ("norm end", None), ("train_step end", None), ("optimizer start", None),
+            ("optimizer end", "optimizer end"), ("step end", "step end")]
+
+
+def host_segments(run: dict) -> list[str]:
+    """A marked loop's host time in each part of its step, and the host's lead at its end, beside the bare step's on
+    the run's batches (gpu_pretrain.py --marks)."""
+    loop, bare = run.get("marks"), (run.get("bare_same_batches") or {}).get("marks")
+    if not loop:
+        return []
+
+    def segments(marked: dict | None) -> dict:
+        points = {row["point"]: row for row in (marked or {}).get("points", [])}
+        out, before = {}, 0.0
+        for row in (marked or {}).get("points", [])[1:]:
+            out[row["point"]] = (row["host_ms"] - before, row["lead_ms"], row["lowest_lead_ms"])
+            before = row["host_ms"]
+        return out if "step end" in points else {}
+
+    ours, theirs = segments(loop), segments(bare)
+    body = []
+    for point, bare_point in SEGMENTS:
+        if point in ours:
+            host, lead, lowest = ours[point]
+            other = theirs.get(bare_point) if bare_point else None
+            body.append([point, fmt(host, ".3f"), fmt(lead, ".3f"), fmt(lowest, ".3f"),
+                         fmt(other and other[0], ".3f"), fmt(other and other[1], ".3f")])
+    total = [row for row in loop["points"] if row["point"] == "step end"]
+    bare_total = [row for row in (bare or {}).get("points", []) if row["point"] == "step end"]
+    body.append(["whole step", fmt(total and total[0]["host_ms"], ".3f"), "", "",
+                 fmt(bare_total and bare_total[0]["host_ms"], ".3f"), ""])
+    return ["", f"**{run['label']}: the host's time in each part of the loop's step** (`gpu_pretrain.py --marks`: the "
+            f"host's clock and a CUDA event at each point, no profiler; medians over {loop['steps']} steps from step "
+            f"{loop.get('first', '?')}; ms). The host's lead is how far the device was behind it there: near 0 (under "
+            f"0.05 ms), the device waited for the host. Beside it, the bare step on the run's batches"
+            + (f" ({bare['steps']} steps)" if bare else " (not marked)") + ": its forward segment holds zero_grad, "
+            "its optimizer segment starts at the backward's end.", ""] + table(
+        ["segment (ends at)", "loop host ms", "loop lead ms", "lowest lead ms", "bare host ms", "bare lead ms"], body)
 
 
 def compiled_loop_against_bare(results) -> list[str]:

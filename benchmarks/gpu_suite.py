@@ -80,13 +80,14 @@ def pretrain_runs(quick: bool) -> list[dict]:
                       seq=32, bare=("tiny", 32), cap=600, floor=0, expect=0, grace=15)
         at_64 = dict(common, seq=64, bare=("tiny", 64))
         return [dict(common, label="bert_base-128"),
-                dict(common, label="bert_large-128", steps=20, profile="15:2", bench_args=["--bare-steps", "4"]),
+                dict(common, label="bert_large-128", steps=22, profile="19:2",
+                     bench_args=["--marks", "15:4", "--bare-steps", "4"]),
                 dict(at_64, label="bert_base-512-unpad-false", sets=common["sets"] + ["model.unpad=false"]),
                 # a run its time limit stops (after 12 steps): the path a slow GPU run takes
                 dict(at_64, label="bert_base-512-unpad-true", sets=common["sets"] + ["model.unpad=true"], steps=1000,
                      time_limit=1, min_steps=12),
-                dict(common, label="bert_large-128-compile", steps=15, last=5, optional=True, profile="10:2",
-                     bench_args=["--bare-steps", "2"], sets=common["sets"] + ["train.compile=true"]),
+                dict(common, label="bert_large-128-compile", steps=17, last=5, optional=True, profile="14:2",
+                     bench_args=["--marks", "10:4", "--bare-steps", "4"], sets=common["sets"] + ["train.compile=true"]),
                 dict(common, label=WITH_WORKERS, optional=True, sets=common["sets"] + ["data.num_workers=1"]),
                 dict(common, label=COMPILE_WITH_WORKERS, steps=10, last=5, optional=True,
                      sets=common["sets"] + ["train.compile=true", "data.num_workers=1"])]
@@ -100,21 +101,23 @@ def pretrain_runs(quick: bool) -> list[dict]:
     # caps: the expected time with some margin; a slower run (run 1 on an H100 took 0.3-0.6 s a step where
     # the encoder ran packed) stops itself at its time limit, its figures over the steps it did
     return [dict(base, label="bert_base-128", cap=60, floor=40, expect=42),
-            # profiled (3 steps after the measured ones, in a window of its own: a loop profiled before them stays
-            # slower) against part 7's bare step: where its 10% go; then the bare step on its last 24 measured
-            # batches (~7 s on the H200: what the loop itself costs, apart from its batches)
-            dict(large, label="bert_large-128", steps=325, cap=95, floor=50, expect=68, grace=35, profile="300:3",
-                 bench_args=["--bare-steps", "24"]),
+            # marked (10 steps after the measured ones: the host's time and lead at each part of the step, no
+            # profiler), then profiled (3 steps in a window of their own: a loop profiled before them stays slower)
+            # against part 7's bare step: where its 10% go; then the bare step on its last 24 measured batches (~7 s
+            # on the H200: what the loop itself costs, apart from its batches), marked once more after its timing
+            dict(large, label="bert_large-128", steps=325, cap=95, floor=50, expect=68, grace=35, profile="310:3",
+                 bench_args=["--marks", "300:10", "--bare-steps", "24"]),
             dict(at_512, label="bert_base-512-unpad-false", sets=at_512["sets"] + ["model.unpad=false"], cap=45,
                  floor=30, expect=28),
             dict(at_512, label="bert_base-512-unpad-true", sets=at_512["sets"] + ["model.unpad=true"], cap=45,
                  floor=25, expect=30),
             # the real loop compiled (train.compile: auto compiles runs of 5,000 steps or more on a GPU), after part
             # 5's compiled bare step, if 100 s or more are left; at bert_large, whose eager loop the host limits.
-            # Profiled after its measured steps 31-80 (profiled at 21-23 they ran 61.7 against 55.4 ms, H200) against
-            # part 7's compiled bare step; then the compiled bare step on its last 24 measured batches (~10 s)
-            dict(compiled, label="bert_large-128-compile", steps=90, last=50, cap=300, floor=0, expect=125, grace=25,
-                 min_start=100, optional=True, profile="80:3", bench_args=["--bare-steps", "24"]),
+            # Marked, then profiled, after its measured steps 31-80 (profiled at 21-23 they ran 61.7 against 55.4 ms,
+            # H200) against part 7's compiled bare step; then the compiled bare step on its last 24 measured batches
+            # (~10 s), marked too
+            dict(compiled, label="bert_large-128-compile", steps=95, last=50, cap=300, floor=0, expect=125, grace=25,
+                 min_start=100, optional=True, profile="88:3", bench_args=["--marks", "80:8", "--bare-steps", "24"]),
             # bert_large-128's loop with 4 loader workers, whose batches the training thread pins itself since
             # 2026-11-28 (with DataLoader's pin thread beside the one launching the kernels two H200 runs took 80
             # against 68 ms a step; without it, 0.87 against 0.83 of the bare step): whether auto should start them

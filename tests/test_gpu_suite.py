@@ -82,14 +82,16 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
         assert [c.data.num_workers for c in loaded] == ["auto", 4] and loaded[0].model == loaded[1].model
         assert but_steps(with_workers) == but_steps(default) + ["data.num_workers=4"]
         assert loaded[0].train.compile == loaded[1].train.compile and "--profile" not in with_workers.argv
-    # the loops are profiled in a window of their own after their measured steps (a loop profiled earlier stays
-    # slower), and the compiled bare step too
+    # the loops are marked, then profiled, each in a window of its own after their measured steps (a loop profiled
+    # earlier stays slower), and the compiled bare step too
     for label, measured_end in (("bert_large-128", 300), ("bert_large-128-compile", 80)):
         argv = [str(a) for a in by_label[label].argv]
+        marked, marked_count = map(int, argv[argv.index("--marks") + 1].split(":"))
         start, count = map(int, argv[argv.index("--profile") + 1].split(":"))
         config = load_config("bert_large", sets_of(argv))
-        assert start == measured_end and start + count <= config.train.max_steps <= start + config.train.log_every
-        assert start % config.train.log_every == 0 and "--bare-steps" in argv
+        assert marked == measured_end and start == marked + marked_count
+        assert start + count <= config.train.max_steps <= start + count + config.train.log_every
+        assert measured_end % config.train.log_every == 0 and "--bare-steps" in argv
     argv = by_label["profile-compile"].argv
     assert "--compile" in argv and str(argv[argv.index("--results") + 1]).endswith("7-compile.jsonl")
     for command in commands:
@@ -203,6 +205,17 @@ def fake_gpu_results(runs: list[dict]) -> dict:
     pretrain[1]["bare_same_batches"] = dict(steps=24, first_micro_batch=276, rounds=3, step_ms=58.0,
                                             real_tokens=300_000, run_tokens=300_000, tokens_per_s=5.2e5,
                                             useful_flops_per_s=3e14, precision="bf16")
+    # bert_large-128's marked loop steps and the bare step's on its batches (host ms from the step's start, leads)
+    def marked(points: list[tuple[str, float, float]]) -> dict:
+        return dict(steps=6, first=302, points=[dict(point=name, host_ms=host, device_ms=host + lead, lead_ms=lead,
+                                                     lowest_lead_ms=lead / 2) for name, host, lead in points])
+    pretrain[1]["marks"] = marked([("step start", 0.0, 0.3), ("batch taken", 2.0, 0.4), ("forward queued", 22.0, 0.5),
+                                   ("backward end", 50.0, 0.8), ("norm end", 51.0, 0.01), ("train_step end", 52.0, 0.3),
+                                   ("optimizer start", 52.5, 0.3), ("optimizer end", 58.0, 0.2),
+                                   ("step end", 60.0, 0.3)])
+    pretrain[1]["bare_same_batches"]["marks"] = marked([("step start", 0.0, 0.5), ("forward end", 18.0, 1.0),
+                                                        ("backward end", 45.0, 1.2), ("optimizer end", 54.8, 0.6),
+                                                        ("step end", 55.0, 0.5)])
     # bert_large-128's profiled loop steps: 56 ms of device time in its 60 ms step, clipping among it
     pretrain[1]["profile"] = dict(steps=[301, 303], tokens=12_800.0, total_ms=56.0,
                                   groups_ms={"GEMM": 28.16, "other": 27.84},
@@ -318,6 +331,12 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert kernels[-1][1] == "**did not build**"
     # per 1M real tokens: GEMM 28.16 ms / 12,800 tokens = 2,200.0 against 32.768 / 16,384 = 2,000.0; the loop's
     # clipping has no bare counterpart; steps: 60 ms (part 2) and 50 ms (part 1's 0.05 s), less the ops' time
+    # bert_large-128's marked loop: each segment's host ms and the lead at its end, the bare step's beside the
+    # segments that end the same work; the device waited at the norm (lead 0.01)
+    segments = {row[0]: row[1:] for row in table_rows(report, "**bert_large-128: the host's time in each part")}
+    assert segments["forward queued"] == ["20.000", "0.500", "0.250", "18.000", "1.000"], segments
+    assert segments["norm end"] == ["1.000", "0.010", "0.005", "n/a", "n/a"]
+    assert segments["whole step"] == ["60.000", "", "", "55.000", ""] and "batch taken" in segments
     eager_part = report.split("**The compiled loop's step")[0]
     loop = {row[0]: row[1:] for row in table_rows(eager_part, "**The loop's step against the bare step.**")}
     assert loop["GEMM"] == ["28.16", "32.77", "2200.0", "2000.0", "+200.0"]
@@ -345,7 +364,7 @@ def test_the_report_renders_every_gpu_section(tmp_path):
     assert compiled["normalization"] == ["15.84", "4.10", "1237.5", "250.0", "+987.5"]
     assert compiled["device idle (step - ops)"] == ["16.00", "3.14", "1250.0", "191.4", "+1058.6"]
     assert compiled["`triton_per_fused_native_layer_norm_0`"][0] == "15.84" and "loop steps 81-83" in report
-    compiled_part = report.split("**The compiled loop's step")[1]
+    compiled_part = report.split("**The compiled loop's step")[1].split("**bert_large-128: the host's time")[0]
     assert "**Where the compiled loop's device waited**" in compiled_part
     assert "idle 14.00: **13.00 where" in compiled_part
     assert "compiled bare step's device waited" not in compiled_part  # its profile has no trace figures here
@@ -403,12 +422,12 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     # the time-limited run stopped itself after its 12 minimum steps plus the one that read the stop; the other
     # runs did all their steps; the packed encoder computed no padding, the padded one all of it
     assert [(r["time_limited"], r["steps_run"], r["measured_steps"]) for r in figures["2"]] == \
-        [(False, 15, 10), (False, 20, 10), (False, 15, 10), (True, 13, 8), (False, 15, 10)]
+        [(False, 15, 10), (False, 22, 10), (False, 15, 10), (True, 13, 8), (False, 15, 10)]
     # bert_large-128's bare step on its own last 4 batches: the batches of its steps 12-15, as their tokens show
     same = figures["2"][1]["bare_same_batches"]
     assert (same["steps"], same["first_micro_batch"]) == (4, 11) and same["real_tokens"] == same["run_tokens"] > 0
-    same = figures["5"][0]["bare_same_batches"]  # and the compiled loop's: steps 9-10, the last it measured
-    assert (same["steps"], same["first_micro_batch"]) == (2, 8) and same["real_tokens"] == same["run_tokens"] > 0
+    same = figures["5"][0]["bare_same_batches"]  # and the compiled loop's: steps 7-10, the last it measured
+    assert (same["steps"], same["first_micro_batch"]) == (4, 6) and same["real_tokens"] == same["run_tokens"] > 0
     assert [r.get("bare_same_batches") is not None for r in figures["2"]] == [False, True] + [False] * 3
     assert re.fullmatch(r"\d\.\d\d", table_rows(report, "## 2.")[1][11])
     padded, packed = figures["2"][2], figures["2"][3]
@@ -449,17 +468,33 @@ def test_the_quick_suite_runs_to_a_full_report_without_datasets_and_wandb(tmp_pa
     profile = figures["7"][0]  # the groups split the ops' time, GEMMs among them
     assert abs(sum(profile["groups_ms"].values()) - profile["total_ms"]) < 1e-6 * profile["total_ms"]
     assert profile["groups_ms"]["GEMM"] > 0 and len(table_rows(report, "## 7.")) > 3
-    loop = figures["2"][1]["profile"]  # bert_large-128's loop steps 16-17, after its measured steps 6-15
-    assert loop["steps"] == [16, 17] and loop["tokens"] > 0 and figures["2"][1]["measured_end"] == 15
+    loop = figures["2"][1]["profile"]  # bert_large-128's loop steps 20-21, after its measured (6-15) and marked steps
+    assert loop["steps"] == [20, 21] and loop["tokens"] > 0 and figures["2"][1]["measured_end"] == 15
     assert loop["gaps"] is None and "**Where the loop's device waited**" not in report  # a CPU has no kernels
     assert abs(sum(loop["groups_ms"].values()) - loop["total_ms"]) < 1e-6 * loop["total_ms"]
     assert {"GEMM", "optimizer"} <= set(loop["groups_ms"]) and "aten::_fused_adamw_" in loop["ops_ms"]
+    # bert_large-128's marked steps 17-19 (--marks 15:4, the first after its sync left out), then the bare step's on
+    # its batches: the points in the order the step passes them, the host's clock rising, no lead on a CPU
+    loop_points = ["step start", "batch taken", "forward queued", "backward end", "norm end", "train_step end",
+                   "optimizer start", "optimizer end", "step end"]
+    for run in (figures["2"][1], figures["5"][0]):
+        for marked, points in ((run["marks"], loop_points), (run["bare_same_batches"]["marks"],
+                                                             ["step start", "forward end", "backward end",
+                                                              "optimizer end", "step end"])):
+            assert marked["steps"] == 2 and [row["point"] for row in marked["points"]] == points, marked
+            hosts = [row["host_ms"] for row in marked["points"]]
+            assert hosts == sorted(hosts) and hosts[-1] > 0 and all(row["lead_ms"] == 0 for row in marked["points"])
+    eager_marks = report.split("**bert_large-128-compile: the host's time")[0]  # the compiled run's table follows
+    segments = {row[0]: row[1:] for row in table_rows(eager_marks, "**bert_large-128: the host's time in each part")}
+    assert list(segments) == loop_points[1:] + ["whole step"], segments
+    assert float(segments["whole step"][0]) == pytest.approx(figures["2"][1]["marks"]["points"][-1]["host_ms"], 1e-3)
+    assert all(float(segments[name][3]) > 0 for name in ("forward queued", "backward end", "optimizer end"))
     eager_part = report.split("**The compiled loop's step")[0]
     compared = {row[0]: row[1:] for row in table_rows(eager_part, "**The loop's step against the bare step.**")}
     assert "all ops" in compared and float(compared["GEMM"][0]) > 0 < float(compared["GEMM"][1])
-    # the compiled loop's steps 3-4 (after its first, compiling, step) against the compiled bare step's profile
+    # the compiled loop's steps 15-16 (after its measured and marked ones) against the compiled bare step's profile
     compiled_loop, compiled_bare = figures["5"][0]["profile"], figures["7-compile"][0]
-    assert compiled_loop["steps"] == [11, 12] and figures["5"][0]["measured_end"] == 10 and compiled_bare["compiled"]
+    assert compiled_loop["steps"] == [15, 16] and figures["5"][0]["measured_end"] == 10 and compiled_bare["compiled"]
     assert compiled_bare["groups_ms"]["GEMM"] > 0 < compiled_loop["groups_ms"]["GEMM"]
     compared = {row[0]: row[1:] for row in table_rows(
         report, "**The compiled loop's step against the compiled bare step.**")}
