@@ -149,7 +149,7 @@ class Probe:
             self.mark.start()
         elif len(self.steps) == start + count and self.mark.on:
             steps = [s for s in self.mark.finish() if s and s[-1][0] == "step end"][1:]
-            self.marked = dict(steps=len(steps), first=start + 2, points=point_rows(steps)) if steps else None
+            self.marked = dict(steps=len(steps), first=start + 3, points=point_rows(steps)) if steps else None
 
     def profile_if_due(self) -> None:
         """Start the profiler before step `start`'s forward, stop it (the device's work done) `count` steps later:
