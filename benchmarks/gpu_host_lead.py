@@ -69,6 +69,12 @@ class Marks:
         return self.finish()
 
 
+def whole_steps(steps: list[list[tuple[str, float, float]]]) -> list[list[tuple[str, float, float]]]:
+    """Marks.finish's steps that reached the next step's start ("step end"), the first of them left out (it starts
+    from the device the sync left idle)."""
+    return [s for s in steps if s and s[-1][0] == "step end"][1:]
+
+
 def mark_layers(model, marks: Marks) -> list:
     """Marks after each encoder layer's forward and where the backward reaches its output; the hooks' handles (one
     a layer), to remove them for the unmarked steps."""

@@ -46,7 +46,7 @@ from pathlib import Path
 STARTED = time.perf_counter()  # before `import torch`: the time limit counts the whole process
 
 import torch  # noqa: E402
-from gpu_host_lead import Marks, point_rows, points_table  # noqa: E402
+from gpu_host_lead import Marks, point_rows, points_table, whole_steps  # noqa: E402
 from gpu_profile import device_profiler, grouped, self_times  # noqa: E402
 from model_step import bare_step, gemm_fn, synchronize, time_alternating, useful_flops  # noqa: E402
 from trace_gaps import profiler_gaps  # noqa: E402
@@ -148,7 +148,7 @@ class Probe:
         if len(self.steps) == start:
             self.mark.start()
         elif len(self.steps) == start + count and self.mark.on:
-            steps = [s for s in self.mark.finish() if s and s[-1][0] == "step end"][1:]
+            steps = whole_steps(self.mark.finish())
             self.marked = dict(steps=len(steps), first=start + 3, points=point_rows(steps)) if steps else None
 
     def profile_if_due(self) -> None:
@@ -268,11 +268,9 @@ def bare_on_run_batches(run_dir: Path, first: int, count: int, device: torch.dev
     out = dict(steps=count, first_micro_batch=first, rounds=rounds, step_ms=1e3 * step_s, real_tokens=tokens,
                tokens_per_s=tokens / count / step_s, useful_flops_per_s=flops / count / step_s, precision=precision)
     if marked and count > 2:
-        marks = Marks(device)
-        marks.start()
-        for batch in batches:
-            bare_step(model, optimizer, batch, device, dtype, marks)
-        steps = [s for s in marks.finish() if s[-1][0] == "step end"][1:]  # the first after a sync left out
+        marks, next_batch = Marks(device), iter(batches).__next__
+        steps = whole_steps(marks.run(lambda: bare_step(model, optimizer, next_batch(), device, dtype, marks),
+                                      len(batches)))
         out["marks"] = dict(steps=len(steps), points=point_rows(steps))
     return out
 

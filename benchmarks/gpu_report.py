@@ -388,12 +388,12 @@ def host_segments(run: dict) -> list[str]:
         return []
 
     def segments(marked: dict | None) -> dict:
-        points = {row["point"]: row for row in (marked or {}).get("points", [])}
+        """point → (host ms since the point before, lead, lowest lead); empty unless the steps reached "step end"."""
         out, before = {}, 0.0
         for row in (marked or {}).get("points", [])[1:]:
             out[row["point"]] = (row["host_ms"] - before, row["lead_ms"], row["lowest_lead_ms"])
             before = row["host_ms"]
-        return out if "step end" in points else {}
+        return out if "step end" in out else {}
 
     ours, theirs = segments(loop), segments(bare)
     body = []
@@ -403,10 +403,8 @@ def host_segments(run: dict) -> list[str]:
             other = theirs.get(bare_point) if bare_point else None
             body.append([point, fmt(host, ".3f"), fmt(lead, ".3f"), fmt(lowest, ".3f"),
                          fmt(other and other[0], ".3f"), fmt(other and other[1], ".3f")])
-    total = [row for row in loop["points"] if row["point"] == "step end"]
-    bare_total = [row for row in (bare or {}).get("points", []) if row["point"] == "step end"]
-    body.append(["whole step", fmt(total and total[0]["host_ms"], ".3f"), "", "",
-                 fmt(bare_total and bare_total[0]["host_ms"], ".3f"), ""])
+    whole = [sum(host for host, _, _ in side.values()) if side else None for side in (ours, theirs)]  # to "step end"
+    body.append(["whole step", fmt(whole[0], ".3f"), "", "", fmt(whole[1], ".3f"), ""])
     return ["", f"**{run['label']}: the host's time in each part of the loop's step** (`gpu_pretrain.py --marks`: the "
             f"host's clock and a CUDA event at each point, no profiler; medians over {loop['steps']} steps from step "
             f"{loop.get('first', '?')}; ms). The host's lead is how far the device was behind it there: near 0 (under "
