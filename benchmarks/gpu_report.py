@@ -196,9 +196,10 @@ def part2(state, commands, results) -> list[str]:
     if transfer:
         out += ["", "**Taking a batch** (`benchmarks/loader_transfer.py`, the synthetic data above): the training "
                 "process's time per micro-batch made in-process, or received from loader workers with each tensor in "
-                "a shared-memory storage of its own (the loader before `bertrain/batch_buffer.py`) or in one buffer "
-                "(now), page-locked on a GPU, then its copy to the device; the workers ahead (the process sleeps "
-                "between batches, as while the device runs a step).", "", "```", transfer.tail, "```"]
+                "a shared-memory storage of its own (the loader before `bertrain/batch_buffer.py`), in a new buffer "
+                "a batch (the loader before its slots) or written into buffers each worker keeps (its slots: now), "
+                "page-locked on a GPU, then its copy to the device; the workers ahead (the process sleeps between "
+                "batches, as while the device runs a step).", "", "```", transfer.tail, "```"]
     return out
 
 

@@ -1,6 +1,8 @@
 """The training process's time per micro-batch, made in-process against received from loader workers: a worker's
-batch sent tensor by tensor (each tensor a shared-memory storage of its own: the loader before batch_buffer.py)
-and as one buffer (PackedBatch: one storage). Between two batches the training process sleeps for --step-ms, as
+batch sent tensor by tensor (each tensor a shared-memory storage of its own: the loader before batch_buffer.py),
+as one new buffer a batch (PackedBatch: one storage, whose file descriptor the training process fetches from the
+worker: the loader before WorkerSlots), and through the slots (the loader now: each worker writes its batches into
+shared buffers it keeps, sent once). Between two batches the training process sleeps for --step-ms, as
 while the device runs a step, so the workers are ahead and each figure is the cost of taking a ready batch.
 On CUDA the batches are page-locked (one buffer: by the thread that takes it, in the time taken; tensor by tensor:
 by DataLoader's pin thread, as the loader before did), the table adds the host's time to queue
@@ -24,14 +26,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bertrain.batch_buffer import to_device  # noqa: E402
+from bertrain.batch_buffer import PackedBatch, to_device  # noqa: E402
 from bertrain.batch_layout import map_tensors  # noqa: E402
 from bertrain.config import DataConfig  # noqa: E402
 from bertrain.data.format import open_prepared  # noqa: E402
 from bertrain.data.loader import RunDataset, ignore_ctrl_c, iterate_micro_batches, num_micro_batches  # noqa: E402
 from tests.helpers import make_prepared_dir  # noqa: E402
 
-VARIANTS = ("in-process", "workers, tensor by tensor", "workers, one buffer")
+VARIANTS = ("in-process", "workers, tensor by tensor", "workers, new buffer a batch", "workers, slots")
 PINNED_ALONE = "in-process, tensor by tensor"  # CUDA only: each tensor page-locked and copied alone (before)
 
 
@@ -45,7 +47,23 @@ def batches(variant: str, dataset: RunDataset, length: int, workers: int, pin: b
 
         return iter(DataLoader(dataset, batch_size=None, sampler=keys, num_workers=workers, persistent_workers=True,
                                pin_memory=pin, prefetch_factor=4, worker_init_fn=ignore_ctrl_c))
+    if variant == "workers, new buffer a batch":  # each batch packed into a shared buffer of its own
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(NewBuffers(dataset), batch_size=None, sampler=keys, num_workers=workers,
+                            persistent_workers=True, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
+        return ((packed.pin_memory() if pin else packed).unpack() for packed in loader)
     return iterate_micro_batches(dataset, keys, workers if variant != "in-process" else 0, pin)
+
+
+class NewBuffers:
+    """dataset[key] packed by the worker into a new buffer (the loader before WorkerSlots)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, key) -> PackedBatch:
+        return PackedBatch.pack(self.dataset[key])
 
 
 def time_variant(variant, dataset, length: int, workers: int, device: torch.device, steps: int,

@@ -1,7 +1,8 @@
 """A batch's tensors in one buffer, so that moving it costs one storage, not one per tensor: one shared-memory
 transfer from a loader worker (rebuilding each of a batch's 14 tensors from a shared-memory file of its own took
 the training process 0.9-1.5x the time of making the batch itself: benchmarks/loader_transfer.py), one page-locked
-copy, one copy to the device."""
+copy, one copy to the device. A loader worker writes its batches into shared buffers it keeps (WorkerSlots), so that
+a buffer crosses to the training process once, not with every batch (SlotReceiver)."""
 
 from __future__ import annotations
 
@@ -34,20 +35,9 @@ class PackedBatch:
     @classmethod
     def pack(cls, batch: Any, pin_memory: bool = False) -> "PackedBatch":
         """Copy every tensor of `batch` into one new buffer (page-locked if asked), each at an ALIGN-byte boundary."""
-        tensors, slots, size = [], [], 0
-
-        def place(tensor: torch.Tensor) -> Slot:  # the skeleton and the layout in one walk through the batch
-            nonlocal size
-            size = -(-size // ALIGN) * ALIGN
-            tensors.append(tensor)
-            slots.append(Slot(size, tensor.dtype, tuple(tensor.shape)))
-            size += tensor.numel() * tensor.element_size()
-            return slots[-1]
-
-        skeleton = map_tensors(batch, place)
+        tensors, slots, skeleton, size = _layout(batch)
         buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory)
-        for tensor, slot in zip(tensors, slots):
-            _view(buffer, slot).copy_(tensor)
+        _write(buffer, tensors, slots)
         return cls(buffer, skeleton)
 
     def pin_memory(self) -> "PackedBatch":
@@ -56,6 +46,94 @@ class PackedBatch:
     def unpack(self) -> Any:
         """The batch again, its tensors views of the buffer (one storage: to_device copies it once)."""
         return map_tensors(self.skeleton, lambda slot: _view(self.buffer, slot), leaf=Slot)
+
+
+def _layout(batch: Any) -> tuple[list[torch.Tensor], list[Slot], Any, int]:
+    """(the batch's tensors, their Slots, the skeleton with a Slot for each, the bytes they take one after another)."""
+    tensors, slots, size = [], [], 0
+
+    def place(tensor: torch.Tensor) -> Slot:  # the skeleton and the layout in one walk through the batch
+        nonlocal size
+        size = -(-size // ALIGN) * ALIGN
+        tensors.append(tensor)
+        slots.append(Slot(size, tensor.dtype, tuple(tensor.shape)))
+        size += tensor.numel() * tensor.element_size()
+        return slots[-1]
+
+    skeleton = map_tensors(batch, place)
+    return tensors, slots, skeleton, size
+
+
+def _write(buffer: torch.Tensor, tensors: list[torch.Tensor], slots: list[Slot]) -> None:
+    for tensor, slot in zip(tensors, slots):
+        _view(buffer, slot).copy_(tensor)
+
+
+# Bytes at a slot buffer's end: the stamp, the task whose batch the buffer holds (-1 while a worker writes one).
+STAMP = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotMessage:
+    """What a loader worker sends for a batch it wrote into a slot: where to find it, its skeleton (PackedBatch's),
+    and the slot's buffer itself only when the training process does not have it yet (first use, or grown)."""
+
+    worker: int
+    slot: int
+    task: int
+    size: int
+    skeleton: Any
+    buffer: torch.Tensor | None = None
+
+
+class WorkerSlots:
+    """A loader worker's shared-memory buffers by slot, kept and written again by each later task of that slot:
+    sending a new shared buffer with every batch cost the training process a round trip to the worker for its file
+    descriptor, as long as making the batch itself (benchmarks/loader_transfer.py)."""
+
+    def __init__(self, worker: int):
+        self.worker, self.buffers = worker, {}
+
+    def put(self, batch: Any, slot: int, task: int) -> SlotMessage:
+        tensors, slots, skeleton, size = _layout(batch)
+        buffer, fresh = self.buffers.get(slot), False
+        if buffer is None or buffer.numel() < size + STAMP:  # 25% more: batches' sizes vary a little
+            buffer = self.buffers[slot] = torch.empty(-(-(size * 5 // 4) // STAMP) * STAMP + STAMP,
+                                                      dtype=torch.uint8).share_memory_()
+            fresh = True
+        stamp = buffer[-STAMP:].view(torch.int64)
+        stamp.fill_(-1)
+        _write(buffer, tensors, slots)
+        stamp.fill_(task)
+        return SlotMessage(self.worker, slot, task, size, skeleton, buffer if fresh else None)
+
+
+class SlotReceiver:
+    """The training process's side of WorkerSlots: each worker's slot buffers, kept from the message that brought
+    them; a batch copied out of its slot as it is taken (page-locked if asked), so that later tasks may reuse it."""
+
+    def __init__(self):
+        self.buffers: dict[tuple[int, int], torch.Tensor] = {}
+
+    def take(self, message: SlotMessage, pin_memory: bool) -> PackedBatch:
+        key = (message.worker, message.slot)
+        if message.buffer is not None:
+            self.buffers[key] = message.buffer
+        buffer = self.buffers[key]
+        written = buffer[:message.size]
+        self._check(buffer, message)
+        packed = PackedBatch(written, message.skeleton).pin_memory() if pin_memory else \
+            PackedBatch(written.clone(), message.skeleton)
+        self._check(buffer, message)  # not written over while copied
+        return packed
+
+    @staticmethod
+    def _check(buffer: torch.Tensor, message: SlotMessage) -> None:
+        found = int(buffer[-STAMP:].view(torch.int64))
+        if found != message.task:
+            raise RuntimeError(f"loader worker {message.worker}'s slot {message.slot} holds task {found} where task "
+                               f"{message.task} was expected: a slot was written again before its batch was taken "
+                               "(a bug: please report it; data.num_workers=0 makes batches without slots)")
 
 
 def _tensors_in(batch: Any) -> list[torch.Tensor]:

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertrain.batch_buffer import ALIGN, PackedBatch, move_storage, to_device
+from bertrain.batch_buffer import ALIGN, PackedBatch, SlotReceiver, WorkerSlots, move_storage, to_device
 from bertrain.batch_layout import map_tensors
 from bertrain.config import DataConfig
 from bertrain.data.format import open_prepared
-from bertrain.data.loader import build_train_loader
+from bertrain.data.loader import RunDataset, build_train_loader, iterate_micro_batches
 from tests.helpers import make_prepared_dir
 
 
@@ -78,6 +78,48 @@ def test_a_workers_batch_arrives_as_views_of_one_storage(prepared):
     reference, batch = first_batch(prepared), first_batch(prepared, workers=1)
     assert_same(reference, batch)
     assert len(storages(batch)) == 1 and len(storages(reference)) > 1
+
+
+def test_a_slot_is_sent_once_and_written_again_in_place(prepared):
+    """WorkerSlots and SlotReceiver in one process: a slot's buffer goes with its first batch and again only when a
+    larger batch outgrows it; a taken batch is a copy in one storage of its own, which later batches in the slot leave
+    as it was."""
+    config = DataConfig(objective="nsp", max_seq_length=64, masking="token")
+    batches = [RunDataset(prepared, config, seed=1, micro_batch_size=rows, rank=0, world_size=1)[(0, 0)]
+               for rows in (8, 7, 8, 16, 4)]
+    worker, receiver = WorkerSlots(worker=0), SlotReceiver()
+    messages = [worker.put(batch, slot=0, task=task) for task, batch in enumerate(batches[:1])]
+    first = receiver.take(messages[0], pin_memory=False).unpack()
+    sent = []
+    for task, batch in enumerate(batches[1:], start=1):
+        message = worker.put(batch, slot=0, task=task)
+        sent.append(message.buffer is not None)
+        taken = receiver.take(message, pin_memory=False).unpack()
+        assert_same(batch, taken)
+        assert len(storages(taken)) == 1 and storages(taken).isdisjoint(storages(first))
+    assert sent == [False, False, True, False]  # 7 and 8 rows fit the first 8 rows' buffer; 16 grew it
+    assert_same(batches[0], first)  # written over in the slot four times since it was taken
+
+
+def test_a_slot_written_again_before_its_batch_was_taken_is_an_error(prepared):
+    worker, receiver = WorkerSlots(worker=1), SlotReceiver()
+    early = worker.put(first_batch(prepared), slot=2, task=2)
+    worker.put(first_batch(prepared), slot=2, task=8)  # the slot's next task, before task 2 was taken
+    with pytest.raises(RuntimeError, match="worker 1's slot 2 holds task 8 where task 2 was expected"):
+        receiver.take(early, pin_memory=False)
+
+
+@pytest.mark.multiprocess
+def test_workers_batches_through_their_slots_are_the_in_process_ones(prepared):
+    """Two workers, 12 slots, 40 batches: each slot written three times or more, every batch taken bitwise the one
+    made in the training process."""
+    config = DataConfig(objective="nsp", max_seq_length=64, masking="token")
+    dataset = RunDataset(prepared, config, seed=2, micro_batch_size=4, rank=0, world_size=1)
+    keys = [(epoch, m) for epoch in range(2) for m in range(20)]
+    taken = list(iterate_micro_batches(dataset, keys, num_workers=2, pin_memory=False))
+    assert len(taken) == len(keys)
+    for key, batch in zip(keys, taken):
+        assert_same(dataset[key], batch)
 
 
 class CountCopies(TorchDispatchMode):

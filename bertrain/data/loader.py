@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from bertrain.batch_buffer import PackedBatch
+from bertrain.batch_buffer import PackedBatch, SlotMessage, SlotReceiver, WorkerSlots
 from bertrain.data.format import PreparedData, open_prepared
 from bertrain.data.masking import (AssembledBatch, Collator, MaskingSettings, instance_keys, sentence_final_table,
                                    word_start_table)
@@ -188,11 +188,19 @@ class MicroBatchLoader:
         return iterate_micro_batches(self.dataset, range(self.start, self.stop), self.num_workers, pin_memory=False)
 
 
+# DataLoader sends a worker a task only as it hands a batch over: at most PREFETCH x workers tasks are sent and not yet
+# taken, so a slot's next task comes 2 x workers tasks after its batch was copied out (and DataLoader's round robin
+# gives each slot one worker: 6 buffers a worker)
+PREFETCH = 4
+SLOTS_PER_WORKER = PREFETCH + 2
+
+
 def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory: bool) -> Iterator[dict[str, Any]]:
     """dataset[key] for each key, in-process or from `num_workers` workers (prefetching 4), pinned if asked. A
-    worker's batch, or a pinned one, comes as views of one buffer (PackedBatch): one storage to send, pin and copy.
-    The calling thread pins a worker's batch itself: DataLoader's pin thread ran beside the one that launches the
-    kernels, and with it the H200's bert_large loop took 74 instead of 64 ms of host time a step in train_step."""
+    worker's batch, or a pinned one, comes as views of one buffer (PackedBatch): one storage to copy. A worker writes
+    its batches into shared buffers it keeps (slots, batch_buffer.WorkerSlots), which this thread copies them out of
+    (and page-locks) as it takes them: DataLoader's pin thread ran beside the one that launches the kernels, and with
+    it the H200's bert_large loop took 74 instead of 64 ms of host time a step in train_step."""
     if num_workers <= 0:
         for key in keys:
             batch = dataset[key]
@@ -200,26 +208,34 @@ def iterate_micro_batches(dataset, keys: Iterable, num_workers: int, pin_memory:
         return
     from torch.utils.data import DataLoader  # seconds to import: in-process loading does not need it
 
-    # batch_size=None: each item already is a micro-batch; the sampler is just the keys.
-    loader = DataLoader(PackedItems(dataset), batch_size=None, sampler=keys, num_workers=num_workers,
-                        persistent_workers=True, prefetch_factor=4, worker_init_fn=ignore_ctrl_c)
+    # batch_size=None: each item already is a micro-batch; the sampler is the tasks (key, slot, task number).
+    slots = SLOTS_PER_WORKER * num_workers
+    tasks = ((key, task % slots, task) for task, key in enumerate(keys))
+    loader = DataLoader(SlotItems(dataset), batch_size=None, sampler=tasks, num_workers=num_workers,
+                        persistent_workers=True, prefetch_factor=PREFETCH, worker_init_fn=ignore_ctrl_c)
+    receiver = SlotReceiver()
     try:
-        for packed in loader:
-            yield (packed.pin_memory() if pin_memory else packed).unpack()
+        for message in loader:
+            yield receiver.take(message, pin_memory).unpack()
     except RuntimeError as error:  # torch's words for a worker killed (a bus error: /dev/shm full) or gone
         if "DataLoader worker (pid" not in str(error):
             raise
         raise worker_died_error(error) from None
 
 
-class PackedItems:
-    """dataset[key] packed by the worker that makes it."""
+class SlotItems:
+    """dataset[key] written by the worker that makes it into the slot its task names (WorkerSlots)."""
 
     def __init__(self, dataset):
-        self.dataset = dataset
+        self.dataset, self.slots = dataset, None
 
-    def __getitem__(self, key) -> PackedBatch:
-        return PackedBatch.pack(self.dataset[key])
+    def __getitem__(self, task: tuple[Any, int, int]) -> SlotMessage:
+        key, slot, number = task
+        if self.slots is None:  # in the worker: its own buffers
+            from torch.utils.data import get_worker_info
+
+            self.slots = WorkerSlots(get_worker_info().id)
+        return self.slots.put(self.dataset[key], slot, number)
 
 
 def ignore_ctrl_c(worker_id: int = 0) -> None:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from bertrain.errors import DataError
 
 SHARED_MEMORY = "/dev/shm"
-# Workers with less than this free get a warning: 4 workers prefetch 16 batches of ~50 bytes a token, over a
-# million tokens each at 256 x 512, where Docker's default 64 MiB holds 16 of 128 x 512 at most
+# Workers with less than this free get a warning: 4 workers keep 24 batch buffers (batch_buffer.WorkerSlots) of ~50
+# bytes a token, 130k tokens each at 256 x 512 (160 MB in all), where Docker's default 64 MiB holds 16 of 128 x 512
 MIN_SHARED_MEMORY = 1 << 30
 CONTAINER_HINT = "run the container with --shm-size=8g or --ipc=host"
 
