@@ -88,8 +88,9 @@ def test_a_slot_is_sent_once_and_written_again_in_place(prepared):
     batches = [RunDataset(prepared, config, seed=1, micro_batch_size=rows, rank=0, world_size=1)[(0, 0)]
                for rows in (8, 7, 8, 16, 4)]
     worker, receiver = WorkerSlots(worker=0), SlotReceiver()
-    messages = [worker.put(batch, slot=0, task=task) for task, batch in enumerate(batches[:1])]
-    first = receiver.take(messages[0], pin_memory=False).unpack()
+    message = worker.put(batches[0], slot=0, task=0)
+    assert message.buffer is not None  # the slot's first use: its buffer goes with the batch
+    first = receiver.take(message, pin_memory=False).unpack()
     sent = []
     for task, batch in enumerate(batches[1:], start=1):
         message = worker.put(batch, slot=0, task=task)
@@ -111,8 +112,8 @@ def test_a_slot_written_again_before_its_batch_was_taken_is_an_error(prepared):
 
 @pytest.mark.multiprocess
 def test_workers_batches_through_their_slots_are_the_in_process_ones(prepared):
-    """Two workers, 12 slots, 40 batches: each slot written three times or more, every batch taken bitwise the one
-    made in the training process."""
+    """Two workers, 12 slots, 40 batches held to the end: each slot written three or four times, every batch taken
+    bitwise the one made in the training process."""
     config = DataConfig(objective="nsp", max_seq_length=64, masking="token")
     dataset = RunDataset(prepared, config, seed=2, micro_batch_size=4, rank=0, world_size=1)
     keys = [(epoch, m) for epoch in range(2) for m in range(20)]
