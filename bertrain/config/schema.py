@@ -52,7 +52,7 @@ class DataConfig:
         "against 0.86 eager, 0.73 against 0.85 compiled (benchmarks/gpu_suite.sh, parts 2 and 5); since the "
         "training thread pins their batches itself, 0.87 against 0.83 eager (2026-11-28; compiled not yet measured, "
         "README *GPU*); since, a worker writes its batches into 6 shared buffers it keeps, and the training "
-        "process takes one in 0.65-0.71x the time on a 2-core CPU (benchmarks/loader_transfer.py). A number starts "
+        "process takes one in 0.65-0.71x the time (128 rows, a 2-core CPU; README *GPU*). A number starts "
         "that many workers, which serve every epoch and prefetch 4 micro-batches each, and send them through "
         "/dev/shm: with under 1 GiB free there the run's first line warns (Docker's default is 64 MiB: run "
         "containers with --shm-size=8g or --ipc=host). On CUDA batches are page-locked and copied with non_blocking "
