@@ -58,11 +58,11 @@ def test_the_gpu_commands_configs_load_and_fit_the_budget(tmp_path):
     """The configs of every GPU command (with their --set overrides) pass validation: no typo waits for a GPU;
     the plan runs the parts by importance and, as planned, leaves torch.compile the time it needs."""
     commands = gpu_suite.plan("cuda", False, tmp_path)
-    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "2", "5",
+    assert [c.part for c in commands] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3", "4", "6", "7", "5", "5", "5", "2",
                                                                           "7", "2", "4"]
-    assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile", gpu_suite.WITH_WORKERS,
-                                                gpu_suite.COMPILE_WITH_WORKERS, "profile-compile", "loader-transfer",
-                                                "lamb-kernels"]
+    assert [c.label for c in commands[-7:]] == ["gpu_step-compile", "bert_large-128-compile",
+                                                gpu_suite.COMPILE_WITH_WORKERS, gpu_suite.WITH_WORKERS,
+                                                "profile-compile", "loader-transfer", "lamb-kernels"]
     assert sum(c.floor for c in commands) < gpu_suite.BUDGET_S - 60  # every part keeps time of its own
     before_compile = sum(c.expect for c in commands[:-7]) + 10  # + the version probe
     assert all(c.optional for c in commands[-7:]) and not any(c.optional for c in commands[:-7])
