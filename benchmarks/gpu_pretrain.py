@@ -207,12 +207,14 @@ def export_trace(profiler, path: str) -> None:
 
 
 def compile_encoder_whole() -> None:
-    """train.compile compiles the model's encoder module (every layer inlined in one graph) instead of each layer."""
+    """train.compile compiles the model's encoder module (every layer inlined in one graph) instead of each layer,
+    with the options compile_layers gives inductor."""
     from bertrain.model import unwrap
+    from bertrain.model.layers import with_inductor_options
     from bertrain.train import setup
 
     def compile_encoder(model, **options) -> int:
-        unwrap(model).encoder.compile(**options)
+        unwrap(model).encoder.compile(**with_inductor_options(options))
         return 1
 
     setup.compile_layers = compile_encoder

@@ -153,6 +153,39 @@ def test_split_heads_backward_compiles_with_inductor_on_sdpa_math_path():
         assert_rounding_close(compiled, eager, H, name=f"gradient of {name}")
 
 
+def test_compile_layers_gives_inductor_its_options_and_other_backends_none(monkeypatch):
+    """Inductor (the default backend) gets INDUCTOR_OPTIONS under the caller's own; another backend gets no options
+    (the eager backend would warn that it ignores them)."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: calls.append(kwargs) or function)
+    for options in ({}, {"options": {"cpp_wrapper": True, "size_asserts": True}}, {"backend": "eager"}):
+        compile_layers(build_model(CONFIGS["bert"]), **options)
+    layer_count = CONFIGS["bert"].num_hidden_layers
+    assert calls == [{"options": {"size_asserts": False}}] * layer_count + [
+        {"options": {"cpp_wrapper": True, "size_asserts": True}}] * layer_count + [{"backend": "eager"}] * layer_count
+
+
+def test_inductor_layers_check_no_input_sizes_at_each_call():
+    """The code inductor makes for a compiled layer's forward and backward checks no input's sizes and strides at each
+    call (host time in a host-bound compiled loop), and the loss and gradients stay the eager model's."""
+    from torch._inductor.utils import run_and_get_code
+
+    config = dataclasses.replace(CONFIGS["bert"], num_hidden_layers=1, unpad="false")
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    compiled = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compile_layers(compiled)
+    batch = make_batch([WIDTH, WIDTH // 2, 3], seed=1)
+    normalizers = dict(mlm_normalizer=float(max(int((batch["labels"] != -100).sum()), 1)), sentence_normalizer=3.0)
+    model(**batch, **normalizers).loss.backward()
+    _, code = run_and_get_code(lambda: compiled(**batch, **normalizers).loss.backward())
+    assert len(code) >= 2 and all("def call(" in wrapper for wrapper in code), len(code)  # forward and backward
+    assert not any("assert_size_stride(" in wrapper for wrapper in code)
+    for (name, a), b in zip(model.named_parameters(), compiled.parameters()):
+        assert_rounding_close(b.grad, a.grad, WIDTH * 3, name=f"gradient of {name}")
+
+
 CUDA = torch.device("cuda", 0)
 
 
