@@ -370,13 +370,14 @@ def main() -> None:
     args, pretrain_args = parser.parse_known_args()
     pretrain_args = [a for a in pretrain_args if a != "--"]
     run_dir = Path(pretrain_args[pretrain_args.index("--run-dir") + 1])
-    if args.compile_backend:
-        torch.compile = functools.partial(torch.compile, backend=args.compile_backend)
     from bertrain.cli import main as cli
+    from bertrain.train import setup
     from bertrain.train.precision import local_device_type
 
     if args.compile_scope == "encoder":
         compile_encoder_whole()
+    if args.compile_backend:  # what train.compile and the bare steps compile with (inductor's options: inductor only)
+        setup.compile_layers = functools.partial(setup.compile_layers, backend=args.compile_backend)
 
     profile, marks = (tuple(int(n) for n in a.split(":")) if a else None for a in (args.profile, args.marks))
     probe = Probe(args.time_limit, args.min_steps, profile, torch.device(local_device_type()), args.trace, marks)
