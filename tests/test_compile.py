@@ -167,7 +167,7 @@ def test_compile_layers_gives_inductor_its_options_and_other_backends_none(monke
 
 def test_inductor_layers_check_no_input_sizes_at_each_call():
     """The code inductor makes for a compiled layer's forward and backward checks no input's sizes and strides at each
-    call (host time in a host-bound compiled loop), and the loss and gradients stay the eager model's."""
+    call (host time in a host-bound compiled loop), and the gradients stay the eager model's."""
     from torch._inductor.utils import run_and_get_code
 
     config = dataclasses.replace(CONFIGS["bert"], num_hidden_layers=1, unpad="false")

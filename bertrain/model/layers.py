@@ -323,7 +323,7 @@ def run_steps(steps: list[nn.Module], x: torch.Tensor, where: torch.Tensor | Pac
     return x
 
 
-# Inductor checks each input's sizes and strides again at every call of a graph (963 checks a bert_large step), where
+# Inductor checks each input's sizes and strides again at every call of a graph (963 a bert_large step on a CPU), where
 # dynamo's guards and AOTAutograd already hold the inputs to what was compiled: 1.6-2.9 ms of host time a forward and
 # backward of bert_large's 24 layers at width 16 (4-8%; 2-core AMD EPYC, medians of 21 alternated rounds), in a loop
 # the host limits (the compiled bert_large loop, H200). vLLM's CPU models and DeepSpeed's compile backend skip them too.
